@@ -1,0 +1,16 @@
+"""Inference for Bayesian Transformers: fits that return one ``Posterior``."""
+
+from probtransformer.inference.posterior import Posterior
+from probtransformer.inference.prediction import PosteriorAttention, Prediction
+from probtransformer.inference.serialization import FORMAT_VERSION, load_posterior
+from probtransformer.inference.svi import NonFiniteELBOError, fit_svi
+
+__all__ = [
+    "FORMAT_VERSION",
+    "NonFiniteELBOError",
+    "Posterior",
+    "PosteriorAttention",
+    "Prediction",
+    "fit_svi",
+    "load_posterior",
+]

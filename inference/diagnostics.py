@@ -1,0 +1,148 @@
+"""Aggregated posterior diagnostics: one row per variable group, plus a printed verdict."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pandas as pd
+
+from probtransformer.datasets import SequenceData
+from probtransformer.inference._arviz import az
+
+#: Thresholds of the verdict (Vehtari et al. 2021 for R-hat/ESS; Vehtari et al. 2024 for k-hat).
+RHAT_MAX = 1.01
+ESS_PER_CHAIN_MIN = 100
+PARETO_K_MAX = 0.7
+ELBO_REL_CHANGE_MAX = 0.01
+
+
+def diagnose(
+    posterior,
+    data: SequenceData | None = None,
+    *,
+    num_samples: int = 200,
+    attention_obs: int = 2,
+    seed: int = 0,
+    verbose: bool = True,
+) -> pd.DataFrame:
+    """Summarise convergence per variable group and print a verdict.
+
+    Every latent site is one row (the attention of ``attention_obs`` sequences is one more), with
+    its number of scalars, mean posterior sd and, for two or more chains, max R-hat and min
+    bulk/tail ESS (ArviZ). They are NaN for SVI: its draws are independent guide samples, so the
+    ESS equals the number of draws by construction and says nothing about the fit. The
+    verdict adds, for SVI, the relative change of the mean ELBO between the last two tenths of the
+    steps and, with ``data``, PSIS-LOO (Vehtari, Gelman & Gabry 2017) with Pareto-k counts.
+
+    Args:
+        posterior: a ``Posterior``.
+        data: training data for LOO and the attention group, or None.
+        num_samples: posterior draws to summarise.
+        attention_obs: sequences whose posterior attention forms the ``attention`` group.
+        seed: seeds the draws.
+        verbose: print the table and the verdict.
+
+    Returns:
+        DataFrame indexed by variable with columns ``size``, ``mean_sd``, ``r_hat_max``,
+        ``ess_bulk_min``, ``ess_tail_min``; ``attrs["verdict"]`` holds the verdict lines and
+        ``attrs["loo"]`` the LOO figures (with ``data``).
+    """
+    if data is not None:
+        idata = posterior.to_inference_data(
+            data, attention_obs=attention_obs, num_samples=num_samples, seed=seed
+        )
+    else:
+        draws = posterior.draws(num_samples, seed=seed)
+        idata = az.from_dict(posterior={k: v.cpu().numpy() for k, v in draws.items()})
+    table = _variable_table(idata.posterior)
+    chains = idata.posterior.sizes["chain"]
+    verdict = [
+        f"method: {posterior.record.get('method', '?')}, {chains} chain(s) x "
+        f"{idata.posterior.sizes['draw']} draws"
+    ]
+    if chains >= 2:
+        worst = table["r_hat_max"].max()
+        ess = table["ess_bulk_min"].min()
+        verdict.append(_flag(worst > RHAT_MAX, f"max R-hat {worst:.3f} (flag > {RHAT_MAX})"))
+        verdict.append(
+            _flag(
+                ess < ESS_PER_CHAIN_MIN * chains,
+                f"min bulk ESS {ess:.0f} (flag < {ESS_PER_CHAIN_MIN} per chain)",
+            )
+        )
+    elbo = posterior.record.get("elbo")
+    if elbo:
+        change = elbo_relative_change(elbo)
+        verdict.append(
+            _flag(
+                change > ELBO_REL_CHANGE_MAX,
+                f"ELBO {np.mean(elbo[-max(1, len(elbo) // 10) :]):.1f}; relative change over the "
+                f"last tenth of the steps {change:.2%} (flag > {ELBO_REL_CHANGE_MAX:.0%})",
+            )
+        )
+    if data is not None:
+        loo = _loo(idata)
+        table.attrs["loo"] = loo
+        verdict.append(
+            _flag(
+                loo["k_over_0.7"] > 0,
+                f"LOO: elpd_loo {loo['elpd_loo']:.1f} ± {loo['se']:.1f}, p_loo "
+                f"{loo['p_loo']:.1f}; Pareto k > {PARETO_K_MAX}: {loo['k_over_0.7']} of "
+                f"{loo['n']} (k > 1: {loo['k_over_1']})",
+            )
+        )
+    table.attrs["verdict"] = verdict
+    if verbose:
+        print(table.to_string(float_format=lambda v: f"{v:.4g}"))
+        print("\n".join(verdict))
+    return table
+
+
+def elbo_relative_change(elbo: list[float]) -> float:
+    """``|mean(last tenth) - mean(previous tenth)| / |mean(last tenth)|`` of an ELBO trace."""
+    window = max(1, len(elbo) // 10)
+    last = float(np.mean(elbo[-window:]))
+    previous = float(np.mean(elbo[-2 * window : -window] or elbo[-window:]))
+    return abs(last - previous) / max(abs(last), 1e-12)
+
+
+def _flag(bad: bool, text: str) -> str:
+    return ("WARN  " if bad else "ok    ") + text
+
+
+def _variable_table(dataset) -> pd.DataFrame:
+    sd = dataset.std(dim=("chain", "draw"))
+    rhat = bulk = tail = None
+    if dataset.sizes["chain"] >= 2:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # ArviZ warns about constant draws
+            rhat = az.rhat(dataset)
+            bulk = az.ess(dataset, method="bulk")
+            tail = az.ess(dataset, method="tail")
+    rows = {}
+    for name, var in dataset.data_vars.items():
+        rows[name] = dict(
+            size=int(math.prod(var.shape[2:])),
+            mean_sd=float(sd[name].mean()),
+            r_hat_max=math.nan if rhat is None else float(rhat[name].max()),
+            ess_bulk_min=math.nan if bulk is None else float(bulk[name].min()),
+            ess_tail_min=math.nan if tail is None else float(tail[name].min()),
+        )
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def _loo(idata) -> dict:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the Pareto-k warning is reported in the verdict
+        loo = az.loo(idata, pointwise=True)
+    k = np.asarray(loo.pareto_k)
+    return {
+        "elpd_loo": float(loo.elpd_loo),
+        "se": float(loo.se),
+        "p_loo": float(loo.p_loo),
+        "n": int(k.size),
+        "k_over_0.7": int((k > PARETO_K_MAX).sum()),
+        "k_over_1": int((k > 1).sum()),
+    }

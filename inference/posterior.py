@@ -1,0 +1,377 @@
+"""``Posterior``: the one result type of every fit (SVI, MCMC, MAP, ensembles)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import pandas as pd
+import pyro
+import torch
+from pyro import poutine
+from pyro.infer.autoguide import AutoDelta, AutoGuide
+from pyro.nn import PyroModule
+from pyro.poutine.util import site_is_subsample
+
+from probtransformer.datasets import SequenceData
+from probtransformer.inference._runtime import pyro_scope, seeded
+from probtransformer.inference.prediction import PosteriorAttention, Prediction
+
+#: Rows per vectorized forward pass in ``predict``/``attention``/``log_likelihood``.
+DEFAULT_BATCH_SIZE = 256
+
+
+def check_model(model: object) -> None:
+    """Reject objects that do not follow the model protocol (DESIGN.md).
+
+    Raises:
+        TypeError: not a ``PyroModule``, or ``likelihood_site``/``config`` missing or mistyped.
+    """
+    if not isinstance(model, PyroModule):
+        raise TypeError(f"model must be a pyro.nn.PyroModule, got {type(model).__name__}")
+    if not isinstance(getattr(model, "likelihood_site", None), str):
+        raise TypeError(f"{type(model).__name__} must define likelihood_site: str")
+    if not isinstance(getattr(model, "config", None), dict):
+        raise TypeError(f"{type(model).__name__} must define config: dict of constructor args")
+
+
+def example_of(data: SequenceData) -> SequenceData:
+    """The first (up to) two rows of ``data`` on CPU: enough to trace the model and guide."""
+    return data[: min(2, len(data))].to("cpu")
+
+
+def _as_tensor(value: object, name: str) -> torch.Tensor | None:
+    if value is None or isinstance(value, torch.Tensor):
+        return value
+    if hasattr(value, "to_numpy"):
+        value = value.to_numpy()
+    if isinstance(value, np.ndarray):
+        array = value.astype(np.float32) if value.dtype == np.float64 else value
+        return torch.from_numpy(np.ascontiguousarray(array))
+    raise TypeError(f"{name} must be a torch.Tensor or numpy array, got {type(value).__name__}")
+
+
+class Posterior:
+    """A fitted model with its posterior: predictions, attention, ArviZ export, diagnostics.
+
+    Build one with ``fit_svi`` (or the other ``fit_*``) rather than directly. SVI posteriors keep
+    the guide and draw fresh samples from it for each call (reproducible through ``seed``);
+    sample-based posteriors keep their draws with ``(chain, draw)`` dims and thin them evenly
+    to ``num_samples``.
+
+    Attributes:
+        model: the fitted model (on the fit's device, in eval mode for prediction).
+        guide: the fitted autoguide (SVI), else None.
+        samples: ``{site: (chain, draw, *shape)}`` draws (sample-based), else None.
+        record: what the fit did: method, settings, seconds, ``elbo`` trace (SVI) ...
+    """
+
+    def __init__(
+        self,
+        model: PyroModule,
+        *,
+        record: dict,
+        example: SequenceData,
+        guide: AutoGuide | None = None,
+        samples: dict[str, torch.Tensor] | None = None,
+    ) -> None:
+        if (guide is None) == (samples is None):
+            raise ValueError("a Posterior needs exactly one of guide or samples")
+        self.model = model
+        self.guide = guide
+        self.samples = samples
+        self.record = record
+        self.example = example
+        self.latent_shapes = self._find_latent_shapes()
+
+    # -- draws ------------------------------------------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        anchor = next(iter(self.model.buffers()), None) or next(iter(self.model.parameters()))
+        return anchor.device
+
+    def _find_latent_shapes(self) -> dict[str, torch.Size]:
+        ex = self.example.to(self.device)
+        with pyro_scope(), torch.no_grad(), poutine.block():
+            trace = poutine.trace(self.model).get_trace(ex.x, ex.y, ex.mask)
+        return {
+            name: site["value"].shape
+            for name, site in trace.nodes.items()
+            if site["type"] == "sample"
+            and not site["is_observed"]
+            and not site["infer"].get("_deterministic")
+            and not site["infer"].get("is_auxiliary")
+            and not site_is_subsample(site)
+            and name != self.model.likelihood_site
+        }
+
+    @property
+    def is_point_estimate(self) -> bool:
+        """True when every draw is the same (MAP): predictions use one draw."""
+        return isinstance(self.guide, AutoDelta) or not self.latent_shapes
+
+    def draws(self, num_samples: int = 100, *, seed: int = 0) -> dict[str, torch.Tensor]:
+        """Posterior draws of every latent site with ``(chain, draw)`` leading dims.
+
+        SVI: one chain of ``num_samples`` fresh guide draws. Sample-based: each chain thinned
+        evenly to ``ceil(num_samples / num_chains)`` draws. Point estimates: one draw.
+
+        Returns:
+            ``{site: (chain, draw, *shape)}`` on the model's device.
+
+        Raises:
+            ValueError: ``num_samples < 1``.
+        """
+        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+            raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}")
+        if self.is_point_estimate:
+            num_samples = 1
+        if self.samples is not None:
+            return {name: _thin(value, num_samples) for name, value in self.samples.items()}
+        with seeded(seed, self.device):
+            return {name: v[None] for name, v in self._guide_draws(num_samples).items()}
+
+    def _guide_draws(self, num_samples: int) -> dict[str, torch.Tensor]:
+        ex = self.example.to(self.device)
+        with pyro_scope(), torch.no_grad(), pyro.plate("_draws", num_samples, dim=-2):
+            trace = poutine.trace(self.guide).get_trace(ex.x, ex.y, ex.mask)
+        return {
+            name: trace.nodes[name]["value"].reshape(num_samples, *shape)
+            for name, shape in self.latent_shapes.items()
+        }
+
+    # -- vectorized forward passes ----------------------------------------------------------
+
+    def _run(
+        self,
+        flat_draws: dict[str, torch.Tensor],
+        x: torch.Tensor,
+        y: torch.Tensor | None,
+        mask: torch.Tensor | None,
+        read: Callable[[poutine.Trace], dict[str, torch.Tensor]],
+        batch_size: int,
+    ) -> dict[str, torch.Tensor]:
+        """Run the model once per row batch for all draws at once; ``read`` picks the outputs.
+
+        Each output of ``read`` has dims ``(S, n, ...)``; batches are joined along ``n`` on CPU.
+        """
+        num = next(iter(flat_draws.values())).shape[0] if flat_draws else 1
+        condition = {k: v.reshape(num, 1, *v.shape[1:]) for k, v in flat_draws.items()}
+        model = poutine.condition(self.model, data=condition)
+        pieces: dict[str, list[torch.Tensor]] = {}
+        self.model.eval()
+        with pyro_scope(), torch.no_grad():
+            for start in range(0, x.shape[0], batch_size):
+                rows = slice(start, start + batch_size)
+                args = (
+                    x[rows],
+                    None if y is None else y[rows],
+                    None if mask is None else mask[rows],
+                )
+                with pyro.plate("_draws", num, dim=-2):
+                    trace = poutine.trace(model).get_trace(*args)
+                for key, value in read(trace).items():
+                    pieces.setdefault(key, []).append(value.cpu())
+        return {
+            key: torch.cat([v.expand(num, *v.shape[1:]) for v in values], dim=1)
+            for key, values in pieces.items()
+        }
+
+    def _inputs(
+        self, x, mask, y=None
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        x, mask, y = _as_tensor(x, "x"), _as_tensor(mask, "mask"), _as_tensor(y, "y")
+        if hasattr(self.model, "validate"):
+            self.model.validate(x, y, mask)
+        device = self.device
+        return (
+            x.to(device),
+            None if mask is None else mask.to(device),
+            None if y is None else y.to(device),
+        )
+
+    def _likelihood(self, trace: poutine.Trace):
+        return trace.nodes[self.model.likelihood_site]["fn"]
+
+    def _evaluate(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor | None,
+        mask: torch.Tensor | None,
+        read: Callable[[poutine.Trace], dict[str, torch.Tensor]],
+        *,
+        num_samples: int,
+        seed: int,
+        batch_size: int,
+    ) -> dict[str, torch.Tensor]:
+        """``_run`` over seeded posterior draws; outputs come back as ``(chain, draw, n, ...)``."""
+        draws = self.draws(num_samples, seed=seed)
+        chains, per_chain = next(iter(draws.values())).shape[:2] if draws else (1, 1)
+        with seeded(seed, self.device):
+            out = self._run(_flatten_chains(draws), x, y, mask, read, batch_size)
+        return {k: v.reshape(chains, per_chain, *v.shape[1:]) for k, v in out.items()}
+
+    def predict(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        *,
+        num_samples: int = 100,
+        seed: int = 0,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+    ) -> Prediction:
+        """Posterior predictive for new inputs, from ``num_samples`` draws in one batched pass.
+
+        Args:
+            x: ``(N, T, F)`` features (torch or numpy).
+            mask: ``(N, T)`` bool, True = real step, or None.
+            num_samples: posterior draws ``S`` (1 for point estimates).
+            seed: seeds the draws; same seed, same numbers.
+            batch_size: rows per forward pass (bounds memory).
+
+        Returns:
+            ``Prediction`` with ``probs (S, N, C)`` on CPU.
+
+        Raises:
+            TypeError/ValueError: malformed inputs (see the model's ``validate``).
+        """
+        x, mask, _ = self._inputs(x, mask)
+        out = self._evaluate(
+            x,
+            None,
+            mask,
+            lambda tr: {"probs": self._likelihood(tr).probs},
+            num_samples=num_samples,
+            seed=seed,
+            batch_size=batch_size,
+        )
+        return Prediction(probs=out["probs"].flatten(0, 1))
+
+    def attention(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        *,
+        module: str | None = None,
+        num_samples: int = 100,
+        seed: int = 0,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+    ) -> PosteriorAttention:
+        """Posterior distribution of the attention weights of ``module`` for inputs ``x``.
+
+        Args:
+            x, mask: as for ``predict`` (``n`` sequences).
+            module: kind of attention (default: the model's first, ``"encoder.self"``).
+            num_samples, seed, batch_size: as for ``predict``.
+
+        Returns:
+            ``PosteriorAttention`` with samples ``(chain, draw, n, layer, head, query, key)``.
+
+        Raises:
+            ValueError: unknown ``module``, or malformed inputs.
+        """
+        kinds = self.model.attention_modules
+        module = module or next(iter(kinds))
+        if module not in kinds:
+            raise ValueError(f"module must be one of {sorted(kinds)}, got {module!r}")
+        x, mask, _ = self._inputs(x, mask)
+
+        def read(trace):
+            weights = [m.attention_weights for m in kinds[module]]  # each (s, n, H, Tq, Tk)
+            size = max(w.shape[0] for w in weights)
+            return {"attention": torch.stack([w.expand(size, *w.shape[1:]) for w in weights], 2)}
+
+        out = self._evaluate(
+            x, None, mask, read, num_samples=num_samples, seed=seed, batch_size=batch_size
+        )
+        return PosteriorAttention(samples=out["attention"], module=module)
+
+    def log_likelihood(
+        self,
+        data: SequenceData,
+        *,
+        num_samples: int = 100,
+        seed: int = 0,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+    ) -> torch.Tensor:
+        """Pointwise log-likelihood ``log p(y_i | x_i, theta_s)`` in nats, ``(chain, draw, N)``."""
+        return self.pointwise(data, num_samples=num_samples, seed=seed, batch_size=batch_size)[0]
+
+    def pointwise(
+        self,
+        data: SequenceData,
+        *,
+        num_samples: int = 100,
+        seed: int = 0,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """Pointwise log-likelihood and posterior-predictive replicates of ``data``'s targets.
+
+        Returns:
+            ``(log_lik, replicated)``: ``(chain, draw, N)`` log-likelihood in nats (None when
+            ``data.y`` is None) and ``(chain, draw, N, ...)`` draws of ``y`` from the predictive.
+        """
+        x, mask, y = self._inputs(data.x, data.mask, data.y)
+
+        def read(trace):
+            fn = self._likelihood(trace)
+            out = {"replicated": fn.sample()}
+            if y is not None:
+                out["log_lik"] = fn.log_prob(trace.nodes[self.model.likelihood_site]["value"])
+            return out
+
+        out = self._evaluate(
+            x, y, mask, read, num_samples=num_samples, seed=seed, batch_size=batch_size
+        )
+        return out.get("log_lik"), out["replicated"]
+
+    # -- export, diagnostics, persistence -----------------------------------------------------
+
+    def to_inference_data(
+        self,
+        data: SequenceData,
+        *,
+        test: SequenceData | None = None,
+        attention_obs: int = 4,
+        num_samples: int = 100,
+        seed: int = 0,
+    ):
+        """ArviZ ``InferenceData`` of this posterior (see ``probtransformer.inference.arviz``)."""
+        from probtransformer.inference.arviz import to_inference_data
+
+        return to_inference_data(
+            self, data, test=test, attention_obs=attention_obs, num_samples=num_samples, seed=seed
+        )
+
+    def diagnose(self, data: SequenceData | None = None, *, verbose: bool = True) -> pd.DataFrame:
+        """Aggregated convergence diagnostics and a printed verdict (see ``diagnostics``)."""
+        from probtransformer.inference.diagnostics import diagnose
+
+        return diagnose(self, data, verbose=verbose)
+
+    def save(self, path) -> None:
+        """Write this posterior to directory ``path`` (see ``serialization.save_posterior``)."""
+        from probtransformer.inference.serialization import save_posterior
+
+        save_posterior(self, path)
+
+    def __repr__(self) -> str:
+        kind = type(self.guide).__name__ if self.guide is not None else "samples"
+        return (
+            f"Posterior(model={type(self.model).__name__}, method={self.record.get('method')!r}, "
+            f"{kind}, latent_sites={len(self.latent_shapes)})"
+        )
+
+
+def _thin(value: torch.Tensor, num_samples: int) -> torch.Tensor:
+    """Evenly thin ``(chain, draw, ...)`` to ``ceil(num_samples / chain)`` draws per chain."""
+    chains, draws = value.shape[:2]
+    keep = min(draws, math.ceil(num_samples / chains))
+    index = torch.linspace(0, draws - 1, keep).round().long().to(value.device)
+    return value.index_select(1, index)
+
+
+def _flatten_chains(draws: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {name: value.flatten(0, 1) for name, value in draws.items()}

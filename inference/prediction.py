@@ -1,0 +1,135 @@
+"""Results of posterior prediction: predictive probabilities and posterior attention."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+
+from probtransformer.inference import _arviz
+
+
+def _entropy(probs: torch.Tensor) -> torch.Tensor:
+    """Shannon entropy in nats over the last dim (0 log 0 = 0)."""
+    return -torch.special.xlogy(probs, probs).sum(-1)
+
+
+def _check_prob(prob: float) -> None:
+    if not (isinstance(prob, (int, float)) and 0 < prob < 1):
+        raise ValueError(f"prob must be in (0, 1), got {prob!r}")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Posterior predictive of a classifier for ``N`` inputs from ``S`` posterior draws.
+
+    The total predictive entropy splits into an aleatoric part (expected entropy of each draw's
+    prediction) and an epistemic part (mutual information between the label and the weights):
+    ``entropy = aleatoric + epistemic`` (Depeweg et al. 2018; Houlsby et al. 2011, BALD).
+
+    Attributes:
+        probs: ``(S, N, C)`` class probabilities of each draw (CPU).
+    """
+
+    probs: torch.Tensor
+
+    @property
+    def mean(self) -> torch.Tensor:
+        """``(N, C)`` posterior predictive probabilities (average over draws)."""
+        return self.probs.mean(0)
+
+    @property
+    def predicted(self) -> torch.Tensor:
+        """``(N,)`` int64 most probable class under the posterior predictive."""
+        return self.mean.argmax(-1)
+
+    @property
+    def entropy(self) -> torch.Tensor:
+        """``(N,)`` total predictive entropy in nats."""
+        return _entropy(self.mean)
+
+    @property
+    def aleatoric(self) -> torch.Tensor:
+        """``(N,)`` expected entropy of the per-draw predictions, nats."""
+        return _entropy(self.probs).mean(0)
+
+    @property
+    def epistemic(self) -> torch.Tensor:
+        """``(N,)`` mutual information ``entropy - aleatoric`` in nats (>= 0)."""
+        return (self.entropy - self.aleatoric).clamp(min=0.0)
+
+    def credible_interval(self, prob: float = 0.9) -> tuple[torch.Tensor, torch.Tensor]:
+        """Equal-tailed interval of each class probability over draws.
+
+        Returns:
+            ``(lower, upper)``, each ``(N, C)``.
+
+        Raises:
+            ValueError: ``prob`` not in (0, 1).
+        """
+        _check_prob(prob)
+        q = torch.tensor([(1 - prob) / 2, (1 + prob) / 2], dtype=self.probs.dtype)
+        lower, upper = torch.quantile(self.probs, q, dim=0)
+        return lower, upper
+
+    def to_dataframe(self, class_names: list[str] | None = None) -> pd.DataFrame:
+        """One row per input: ``prob_<class>``, ``predicted``, ``entropy``, ``aleatoric``,
+        ``epistemic``."""
+        mean = self.mean
+        names = class_names or [str(c) for c in range(mean.shape[-1])]
+        frame = pd.DataFrame(mean.numpy(), columns=[f"prob_{c}" for c in names])
+        frame["predicted"] = [names[i] for i in self.predicted.tolist()]
+        frame["entropy"] = self.entropy.numpy()
+        frame["aleatoric"] = self.aleatoric.numpy()
+        frame["epistemic"] = self.epistemic.numpy()
+        return frame
+
+
+@dataclass(frozen=True)
+class PosteriorAttention:
+    """Posterior distribution of attention weights for ``n`` sequences.
+
+    Attributes:
+        samples: ``(chain, draw, n, layer, head, query, key)`` attention weights (CPU); each
+            ``(query, key)`` row sums to 1 over the visible keys, or is all zero when the query
+            sees no key.
+        module: which attention, e.g. ``"encoder.self"``.
+    """
+
+    samples: torch.Tensor
+    module: str = "encoder.self"
+
+    def _flat(self) -> torch.Tensor:
+        return self.samples.flatten(0, 1)  # (S, n, layer, head, query, key)
+
+    def mean(self) -> torch.Tensor:
+        """``(n, layer, head, query, key)`` posterior mean."""
+        return self._flat().mean(0)
+
+    def std(self) -> torch.Tensor:
+        """``(n, layer, head, query, key)`` posterior standard deviation."""
+        return self._flat().std(0, correction=0)
+
+    def hdi(self, prob: float = 0.9) -> tuple[torch.Tensor, torch.Tensor]:
+        """Highest-density interval of every weight (ArviZ ``hdi``).
+
+        Returns:
+            ``(lower, upper)``, each ``(n, layer, head, query, key)``.
+
+        Raises:
+            ValueError: ``prob`` not in (0, 1).
+        """
+        _check_prob(prob)
+        return _arviz.hdi(self.samples, prob)
+
+    def plot(self, i: int = 0, *, title: str | None = None):
+        """Posterior mean and std of sequence ``i``'s attention, per layer and head (Figure)."""
+        from probtransformer.plots import attention_figure
+
+        n = self.samples.shape[2]
+        if not -n <= i < n:
+            raise IndexError(f"i must index one of the n={n} sequences, got {i}")
+        return attention_figure(
+            self.mean()[i], self.std()[i], title=title or f"posterior attention ({self.module})"
+        )

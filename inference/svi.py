@@ -1,0 +1,222 @@
+"""Stochastic variational inference for models that follow the model protocol."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+from pyro import poutine
+from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
+from tqdm.auto import tqdm
+
+from probtransformer.datasets import SequenceData
+from probtransformer.inference._runtime import (
+    pyro_scope,
+    reinitialised_copy,
+    resolve_device,
+    seeded,
+)
+from probtransformer.inference.guides import GUIDES, build_guide
+from probtransformer.inference.posterior import Posterior, check_model, example_of
+
+
+class NonFiniteELBOError(FloatingPointError):
+    """The ELBO or its gradient became NaN/inf during a fit.
+
+    Attributes:
+        step: the optimisation step (0-based) at which it happened.
+        site: the first sample site or parameter found non-finite, or None.
+    """
+
+    def __init__(self, message: str, *, step: int, site: str | None) -> None:
+        super().__init__(message)
+        self.step = step
+        self.site = site
+
+
+def _check_positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+
+
+def _check_data(model: torch.nn.Module, data: SequenceData) -> None:
+    if not isinstance(data, SequenceData):
+        raise TypeError(
+            f"data must be a probtransformer.datasets.SequenceData, got {type(data).__name__}"
+        )
+    if data.y is None:
+        raise ValueError("data.y is None: fitting needs observed targets")
+    if len(data) == 0:
+        raise ValueError("data is empty (N = 0): fitting needs at least one observation")
+    if hasattr(model, "validate"):
+        model.validate(data.x, data.y, data.mask)
+
+
+def fit_svi(
+    model: torch.nn.Module,
+    data: SequenceData,
+    *,
+    guide: str = "normal",
+    num_steps: int = 3000,
+    batch_size: int = 128,
+    lr: float = 3e-3,
+    lr_decay: float = 0.1,
+    num_particles: int = 1,
+    init_scale: float = 1e-3,
+    device: str | torch.device = "auto",
+    seed: int = 0,
+    progress: bool = True,
+) -> Posterior:
+    """Fit ``model`` to ``data`` by stochastic variational inference.
+
+    The model is deep-copied and re-initialised from ``seed``, then trained with Adam on
+    mini-batches (likelihood scaled by ``N / batch_size`` through the model's data plate) while
+    the learning rate decays exponentially from ``lr`` to ``lr * lr_decay``. The mean-field guide
+    uses ``TraceMeanField_ELBO`` (analytic KL terms where Pyro has them; Hoffman et al. 2013),
+    the others ``Trace_ELBO``; ``num_particles > 1`` vectorizes the particles. Point-estimate
+    parameters of the model are optimised jointly (type-II MAP). Runs in its own param-store
+    scope: the global Pyro param store is never read or written.
+
+    Args:
+        model: a ``PyroModule`` following the model protocol (DESIGN.md).
+        data: training split; ``data.y`` required.
+        guide: ``"normal"`` | ``"lowrank"`` | ``"mvn"`` | ``"delta"`` (see ``build_guide``).
+        num_steps: optimisation steps.
+        batch_size: sequences per step (capped at ``len(data)``).
+        lr: initial Adam learning rate.
+        lr_decay: final learning rate as a fraction of ``lr``, in (0, 1].
+        num_particles: ELBO particles per step.
+        init_scale: initial guide standard deviation.
+        device: ``"auto"``, ``"cpu"``, ``"cuda"`` ...
+        seed: seeds initialisation, mini-batches and ELBO samples.
+        progress: show a tqdm bar with the running ELBO.
+
+    Returns:
+        A ``Posterior`` holding the fitted model and guide; ``record["elbo"]`` is the ELBO per
+        step (nats, full-data scale).
+
+    Raises:
+        TypeError/ValueError: bad model, data or settings.
+        NonFiniteELBOError: the ELBO or a gradient became NaN/inf; names the step and site.
+    """
+    check_model(model)
+    _check_data(model, data)
+    if guide not in GUIDES:
+        raise ValueError(f"guide must be one of {GUIDES}, got {guide!r}")
+    for name, value in (
+        ("num_steps", num_steps),
+        ("batch_size", batch_size),
+        ("num_particles", num_particles),
+    ):
+        _check_positive_int(name, value)
+    if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
+        raise ValueError(f"lr must be a finite number > 0, got {lr!r}")
+    if not (isinstance(lr_decay, (int, float)) and 0 < lr_decay <= 1):
+        raise ValueError(f"lr_decay must be in (0, 1], got {lr_decay!r}")
+
+    device = resolve_device(device)
+    model = reinitialised_copy(model, seed, device)
+    model.train()
+    train = data.to(device)
+    n = len(train)
+    batch_size = min(batch_size, n)
+    elbo_cls = TraceMeanField_ELBO if guide == "normal" else Trace_ELBO
+    elbo = elbo_cls(num_particles=num_particles, vectorize_particles=num_particles > 1)
+    trace: list[float] = []
+    start = time.perf_counter()
+    with pyro_scope(), seeded(seed, device):
+        autoguide = build_guide(guide, model, init_scale=init_scale)
+        loss_fn = elbo(model, autoguide)
+        loss_fn(
+            train.x[:batch_size],
+            train.y[:batch_size],
+            _mask(train, slice(0, batch_size)),
+            num_data=n,
+        )  # creates the guide's parameters
+        params = [p for p in loss_fn.parameters() if p.requires_grad]
+        optimizer = torch.optim.Adam(params, lr=lr)
+        scheduler = torch.optim.lr_scheduler.ExponentialLR(
+            optimizer, gamma=lr_decay ** (1.0 / num_steps)
+        )
+        order = torch.randperm(n, device=device)
+        cursor = 0
+        bar = tqdm(range(num_steps), desc="SVI", disable=not progress, leave=False)
+        for step in bar:
+            if cursor + batch_size > n:
+                order, cursor = torch.randperm(n, device=device), 0
+            idx = order[cursor : cursor + batch_size]
+            cursor += batch_size
+            args = (train.x[idx], train.y[idx], _mask(train, idx))
+            optimizer.zero_grad(set_to_none=True)
+            loss = loss_fn(*args, num_data=n)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, math.inf)
+            value = loss.item()
+            if not (math.isfinite(value) and torch.isfinite(grad_norm)):
+                raise _non_finite(model, autoguide, args, n, step, value)
+            optimizer.step()
+            scheduler.step()
+            trace.append(-value)
+            if step % 25 == 0 or step == num_steps - 1:
+                bar.set_postfix(elbo=f"{-value:.4g}")
+    record = dict(
+        method="svi",
+        guide=guide,
+        num_steps=num_steps,
+        batch_size=batch_size,
+        lr=lr,
+        lr_decay=lr_decay,
+        num_particles=num_particles,
+        init_scale=init_scale,
+        seed=seed,
+        num_data=n,
+        seconds=time.perf_counter() - start,
+        elbo=trace,
+    )
+    return Posterior(model, guide=autoguide, record=record, example=example_of(train))
+
+
+def _mask(data: SequenceData, idx) -> torch.Tensor | None:
+    return None if data.mask is None else data.mask[idx]
+
+
+def _non_finite(model, guide, args, num_data, step, value) -> NonFiniteELBOError:
+    """Build the error for a non-finite step, naming the first offending site or parameter."""
+    site = _first_non_finite_site(model, guide, args, num_data)
+    what = "ELBO" if not math.isfinite(value) else "ELBO gradient"
+    return NonFiniteELBOError(
+        f"{what} became non-finite at step {step}"
+        + (f" (first non-finite: {site})" if site else "")
+        + "; try a lower lr, a smaller init_scale, or tighter priors",
+        step=step,
+        site=site,
+    )
+
+
+def _first_non_finite_site(model, guide, args, num_data) -> str | None:
+    for name, param in list(model.named_parameters()) + list(guide.named_parameters()):
+        if not torch.isfinite(param).all():
+            return f"parameter {name!r}"
+        if param.grad is not None and not torch.isfinite(param.grad).all():
+            return f"gradient of parameter {name!r}"
+    with torch.no_grad():
+        guide_trace = poutine.trace(guide).get_trace(*args, num_data=num_data)
+        model_trace = poutine.trace(poutine.replay(model, trace=guide_trace)).get_trace(
+            *args, num_data=num_data
+        )
+        for trace in (guide_trace, model_trace):
+            trace.compute_log_prob()
+            for name, site in trace.nodes.items():
+                if site["type"] != "sample":
+                    continue
+                if not torch.isfinite(site["value"]).all():
+                    return f"sample site {name!r} (value)"
+                if not torch.isfinite(site["log_prob_sum"]).all():
+                    return f"sample site {name!r} (log density)"
+    return None
+
+
+__all__ = ["NonFiniteELBOError", "fit_svi"]

@@ -1,0 +1,82 @@
+"""Input embeddings: continuous features per step -> model width, plus positions."""
+
+from __future__ import annotations
+
+import pyro.distributions as dist
+import torch
+from pyro.nn import PyroModule, PyroSample
+from torch import nn
+
+from probtransformer import priors
+from probtransformer.layers import BayesLinear, flatten_draws
+from probtransformer.positional import SinusoidalPositionalEncoding
+
+
+def _cls_prior(module: FeatureEmbedding):
+    loc = torch.zeros(module.d_model, device=module.device_anchor.device)
+    return dist.Normal(loc, 1.0).to_event(1)
+
+
+class FeatureEmbedding(PyroModule):
+    """Projects each step's ``F`` features to ``d_model`` and adds sinusoidal positions.
+
+    With ``cls_token=True`` a learned classification token is prepended (BERT, Devlin et al.
+    2019), so sequences grow by one step and the mask gains a leading True column.
+
+    Args:
+        in_features: features per step ``F``.
+        d_model: model width ``d``.
+        max_len: longest input sequence ``T``.
+        cls_token: prepend a classification token.
+        bayesian: the projection (and CLS token, prior N(0, 1)) are latent.
+        prior: prior spec of the projection.
+
+    Shapes:
+        ``forward(x (N, T, F), mask (N, T) | None)`` -> ``h (s, N, T', d)``, ``mask (N, T') | None``
+        with ``T' = T + cls_token``.
+    """
+
+    site_dims = {"cls": ("features",)}
+
+    def __init__(
+        self,
+        in_features: int,
+        d_model: int,
+        max_len: int,
+        *,
+        cls_token: bool = False,
+        bayesian: bool = False,
+        prior: priors.Normal | None = None,
+    ) -> None:
+        super().__init__()
+        self.d_model = d_model
+        self.bayesian = bayesian
+        self.projection = BayesLinear(in_features, d_model, bayesian=bayesian, prior=prior)
+        self.positional = SinusoidalPositionalEncoding(d_model, max_len + int(cls_token))
+        self.register_buffer("device_anchor", torch.zeros(()), persistent=False)
+        if not cls_token:
+            self.cls = None
+        elif bayesian:
+            self.cls = PyroSample(_cls_prior)
+        else:
+            self.cls = nn.Parameter(torch.empty(d_model))
+            self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Re-draw a point-estimate CLS token from N(0, 0.02²)."""
+        if isinstance(self.cls, nn.Parameter):
+            nn.init.normal_(self.cls, std=0.02)
+
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        N = x.shape[0]
+        h = self.projection(x.unsqueeze(0))  # (s, N, T, d)
+        if self.cls is not None:
+            cls = flatten_draws(self.cls, 1)  # (s_c, d)
+            S = max(h.shape[0], cls.shape[0])
+            cls = cls[:, None, None, :].expand(S, N, 1, self.d_model)  # (S, N, 1, d)
+            h = torch.cat([cls, h.expand(S, *h.shape[1:])], dim=2)  # (S, N, T + 1, d)
+            if mask is not None:
+                mask = torch.cat([mask.new_ones(N, 1), mask], dim=1)  # (N, T + 1)
+        return self.positional(h), mask

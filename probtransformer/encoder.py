@@ -1,0 +1,74 @@
+"""A stack of Transformer blocks with padding and optional causal masks."""
+
+from __future__ import annotations
+
+import torch
+from pyro.nn import PyroModule, PyroModuleList
+
+from probtransformer import priors
+from probtransformer.attention import BayesMultiheadAttention
+from probtransformer.block import TransformerBlock
+from probtransformer.layers import BayesLayerNorm
+
+
+class TransformerEncoder(PyroModule):
+    """``num_layers`` Transformer blocks, then a final LayerNorm when pre-norm.
+
+    Args:
+        num_layers: number of blocks ``L``.
+        d_model, num_heads, d_ff, dropout, norm_first, bayesian, weight_prior, attention_prior:
+            passed to every ``TransformerBlock``.
+        causal: each query sees only keys at or before its own position.
+
+    Shapes:
+        ``forward(h, key_padding_mask=(N, T))``: ``(s, N, T, d)`` -> ``(s', N, T, d)``.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        d_model: int,
+        num_heads: int,
+        d_ff: int,
+        *,
+        dropout: float = 0.0,
+        norm_first: bool = True,
+        causal: bool = False,
+        bayesian: frozenset[str] = frozenset({"attention"}),
+        weight_prior: priors.Normal | None = None,
+        attention_prior: priors.LogitScalePrior | None = None,
+    ) -> None:
+        super().__init__()
+        self.causal = causal
+        self.layers = PyroModuleList(
+            [
+                TransformerBlock(
+                    d_model,
+                    num_heads,
+                    d_ff,
+                    dropout=dropout,
+                    norm_first=norm_first,
+                    bayesian=bayesian,
+                    weight_prior=weight_prior,
+                    attention_prior=attention_prior,
+                )
+                for _ in range(num_layers)
+            ]
+        )
+        self.norm = BayesLayerNorm(d_model, bayesian="norm" in bayesian) if norm_first else None
+
+    @property
+    def attention_modules(self) -> list[BayesMultiheadAttention]:
+        """The self-attention module of each layer, in order."""
+        return [layer.attention for layer in self.layers]
+
+    def forward(
+        self, h: torch.Tensor, *, key_padding_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        T = h.shape[-2]
+        attn_mask = None
+        if self.causal:
+            attn_mask = torch.ones(T, T, dtype=torch.bool, device=h.device).tril()  # (T, T)
+        for layer in self.layers:
+            h = layer(h, key_padding_mask=key_padding_mask, attn_mask=attn_mask)
+        return h if self.norm is None else self.norm(h)

@@ -22,7 +22,7 @@ def diagnose(
     posterior,
     data: SequenceData | None = None,
     *,
-    num_samples: int = 200,
+    num_samples: int = 100,
     attention_obs: int = 2,
     seed: int = 0,
     verbose: bool = True,
@@ -82,7 +82,9 @@ def diagnose(
                 f"last tenth of the steps {change:.2%} (flag > {ELBO_REL_CHANGE_MAX:.0%})",
             )
         )
-    if data is not None:
+    if data is not None and idata.posterior.sizes["draw"] * chains < 2:
+        verdict.append("n/a   LOO: a point estimate has one draw; PSIS-LOO needs several")
+    elif data is not None:
         loo = _loo(idata)
         table.attrs["loo"] = loo
         verdict.append(

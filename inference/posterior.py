@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 
@@ -83,18 +84,20 @@ class Posterior:
         self.samples = samples
         self.record = record
         self.example = example
+        tensors = itertools.chain(model.parameters(), model.buffers())
+        self._device = next(tensors, torch.empty(0)).device
         self.latent_shapes = self._find_latent_shapes()
 
     # -- draws ------------------------------------------------------------------------------
 
     @property
     def device(self) -> torch.device:
-        anchor = next(iter(self.model.buffers()), None) or next(iter(self.model.parameters()))
-        return anchor.device
+        """Where the model lives (inputs are moved there; results come back on CPU)."""
+        return self._device
 
     def _find_latent_shapes(self) -> dict[str, torch.Size]:
         ex = self.example.to(self.device)
-        with pyro_scope(), torch.no_grad(), poutine.block():
+        with pyro_scope(), seeded(0, self.device), torch.no_grad(), poutine.block():
             trace = poutine.trace(self.model).get_trace(ex.x, ex.y, ex.mask)
         return {
             name: site["value"].shape
@@ -138,7 +141,7 @@ class Posterior:
         with pyro_scope(), torch.no_grad(), pyro.plate("_draws", num_samples, dim=-2):
             trace = poutine.trace(self.guide).get_trace(ex.x, ex.y, ex.mask)
         return {
-            name: trace.nodes[name]["value"].reshape(num_samples, *shape)
+            name: trace.nodes[name]["value"].detach().reshape(num_samples, *shape)
             for name, shape in self.latent_shapes.items()
         }
 
@@ -183,6 +186,8 @@ class Posterior:
         self, x, mask, y=None
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         x, mask, y = _as_tensor(x, "x"), _as_tensor(mask, "mask"), _as_tensor(y, "y")
+        if x.is_floating_point() and x.dtype != torch.float32:
+            x = x.float()  # float64 (or half) features -> the model's float32
         if hasattr(self.model, "validate"):
             self.model.validate(x, y, mask)
         device = self.device
@@ -207,6 +212,8 @@ class Posterior:
         batch_size: int,
     ) -> dict[str, torch.Tensor]:
         """``_run`` over seeded posterior draws; outputs come back as ``(chain, draw, n, ...)``."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         draws = self.draws(num_samples, seed=seed)
         chains, per_chain = next(iter(draws.values())).shape[:2] if draws else (1, 1)
         with seeded(seed, self.device):
@@ -345,11 +352,18 @@ class Posterior:
             self, data, test=test, attention_obs=attention_obs, num_samples=num_samples, seed=seed
         )
 
-    def diagnose(self, data: SequenceData | None = None, *, verbose: bool = True) -> pd.DataFrame:
+    def diagnose(
+        self,
+        data: SequenceData | None = None,
+        *,
+        num_samples: int = 100,
+        seed: int = 0,
+        verbose: bool = True,
+    ) -> pd.DataFrame:
         """Aggregated convergence diagnostics and a printed verdict (see ``diagnostics``)."""
         from probtransformer.inference.diagnostics import diagnose
 
-        return diagnose(self, data, verbose=verbose)
+        return diagnose(self, data, num_samples=num_samples, seed=seed, verbose=verbose)
 
     def save(self, path) -> None:
         """Write this posterior to directory ``path`` (see ``serialization.save_posterior``)."""

@@ -58,6 +58,9 @@ def save_posterior(posterior: Posterior, path: str | os.PathLike) -> None:
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    staging.chmod(0o777 & ~umask)  # mkdtemp makes 0700; give the directory the usual mode
     try:
         (staging / _META).write_text(json.dumps(meta, indent=1))
         torch.save(tensors, staging / _TENSORS)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time
 
+import pyro
 import torch
 from pyro import poutine
 from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
@@ -151,7 +152,12 @@ def fit_svi(
             cursor += batch_size
             args = (train.x[idx], train.y[idx], _mask(train, idx))
             optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(*args, num_data=n)
+            try:
+                loss = loss_fn(*args, num_data=n)
+            except ValueError as e:  # distribution validation rejecting NaN parameters
+                if "invalid values" not in str(e):
+                    raise
+                raise _non_finite(model, autoguide, args, n, step, math.nan) from e
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(params, math.inf)
             value = loss.item()
@@ -202,7 +208,7 @@ def _first_non_finite_site(model, guide, args, num_data) -> str | None:
             return f"parameter {name!r}"
         if param.grad is not None and not torch.isfinite(param.grad).all():
             return f"gradient of parameter {name!r}"
-    with torch.no_grad():
+    with torch.no_grad(), pyro.validation_enabled(False):
         guide_trace = poutine.trace(guide).get_trace(*args, num_data=num_data)
         model_trace = poutine.trace(poutine.replay(model, trace=guide_trace)).get_trace(
             *args, num_data=num_data

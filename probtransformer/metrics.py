@@ -316,7 +316,8 @@ def _check_vector(value: ArrayLike, name: str) -> np.ndarray:
 
 
 def _check_classification(probs: ArrayLike, y: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
-    """Validate (N, C) probabilities and (N,) labels; return float64 probs and int64 labels."""
+    """Validate (N, C) probabilities and (N,) labels; return float64 probs (rows renormalised to
+    sum to 1) and int64 labels."""
     p = _finite_float(_as_array(probs, "probs"), "probs")
     if p.ndim != 2 or p.shape[0] == 0 or p.shape[1] < 2:
         raise ValueError(f"probs must have shape (N, C) with N > 0 and C >= 2, got {p.shape}")
@@ -338,7 +339,8 @@ def _check_classification(probs: ArrayLike, y: ArrayLike) -> tuple[np.ndarray, n
             f"y must lie in [0, C)=[0, {num_classes}), got labels in "
             f"[{labels.min()}, {labels.max()}]"
         )
-    return p, labels.astype(np.int64)
+    # float32 rows sum to 1 only within ~1e-7; renormalise so scikit-learn sees exact sums
+    return p / p.sum(axis=1, keepdims=True), labels.astype(np.int64)
 
 
 def _check_n_bins(n_bins: int) -> None:

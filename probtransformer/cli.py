@@ -1,0 +1,593 @@
+"""Command-line interface: ``probtransformer fit | diagnose | predict``.
+
+Commands:
+    fit       Fit a ``SequenceClassifier`` to a dataset by SVI (or MAP) and write a run
+              directory (default ``runs/<dataset>-<inference>``)::
+
+                  metrics.json        test-split accuracy, nll, ece (15 equal-width bins),
+                                      brier, mean_epistemic, sizes, fit seconds, settings
+                  inference_data.nc   ArviZ InferenceData (posterior, log_likelihood of the
+                                      training data, predictions for the test split)
+                  posterior/          the fitted posterior (``load_posterior``)
+                  attention.png       posterior mean and std of the attention of test example 0
+                  reliability.png     reliability diagram of the test predictive mean
+
+              The run is written to a temporary directory next to the target and renamed at the
+              end, so an interrupted or failed run never leaves a half-written directory; an
+              existing run directory is replaced only after success.
+    diagnose  Reload a run's posterior and training data and print the aggregated diagnostics
+              table, the verdict and a PSIS-LOO line.
+    predict   Posterior predictive of a run for new sequences (``.npy`` of shape (N, T, F), or
+              ``.csv`` with one flattened sequence of T*F values per row) as CSV with columns
+              ``prob_<class>``, ``predicted``, ``entropy``, ``aleatoric``, ``epistemic`` (nats).
+
+Model and fit options left unset take the library defaults (``SequenceClassifier`` and
+``fit_svi``), so tuning the library tunes the CLI; ``probtransformer fit --help`` shows them.
+
+Exit status: 0 on success; 2 on bad arguments or input files, with one line on stderr starting
+``probtransformer: error:``; 1 when the fit diverges (``NonFiniteELBOError``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import functools
+import inspect
+import json
+import os
+import shutil
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import numpy as np
+
+PROG = "probtransformer"
+METRICS_FILE = "metrics.json"
+INFERENCE_DATA_FILE = "inference_data.nc"
+POSTERIOR_DIR = "posterior"
+ATTENTION_FILE = "attention.png"
+RELIABILITY_FILE = "reliability.png"
+ECE_BINS = 15  # equal-width bins of the reported ECE and the reliability diagram
+INFERENCE_GUIDES = {"svi": None, "map": "delta"}  # None: the guide is --guide's (or fit_svi's)
+
+
+class CLIError(Exception):
+    """A bad argument or input file found by the CLI itself (exit status 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """ArgumentParser whose errors are one stderr line, like every other error of the CLI."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{PROG}: error: {message} (see '{self.prog} --help')\n")
+
+
+class _DatasetNames:
+    """Lazy ``choices`` for ``--dataset``: the names of ``datasets.available()``.
+
+    Listing them imports torch, so it happens only when a dataset name is checked or the
+    ``fit`` help is printed, never for ``probtransformer --help``.
+    """
+
+    @functools.cached_property
+    def _names(self) -> list[str]:
+        from probtransformer import datasets
+
+        return datasets.available()["name"].tolist()
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+
+def _library_functions() -> dict[str, Callable[..., Any]]:
+    """The library callables whose defaults unset options take (imported on demand)."""
+    from probtransformer.inference import Posterior, fit_svi
+    from probtransformer.inference.diagnostics import diagnose
+    from probtransformer.models import SequenceClassifier
+
+    return {
+        "model": SequenceClassifier.__init__,
+        "fit": fit_svi,
+        "predict": Posterior.predict,
+        "diagnose": diagnose,
+    }
+
+
+class _LibraryDefaultsFormatter(argparse.HelpFormatter):
+    """Help formatter that appends the library default of every option left unset (None).
+
+    The defaults are read from the signatures of the library functions named in ``sources``
+    (keys of ``_library_functions``) when help is printed, so they are always the ones a run
+    uses.
+    """
+
+    def __init__(self, prog: str, *, sources: Sequence[str]) -> None:
+        super().__init__(prog, max_help_position=30)
+        self._sources = sources
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default is not None or not action.option_strings:
+            return text
+        functions = _library_functions()
+        for source in self._sources:
+            parameter = inspect.signature(functions[source]).parameters.get(action.dest)
+            if parameter is not None and parameter.default is not inspect.Parameter.empty:
+                default = parameter.default
+                if isinstance(default, tuple | list):
+                    default = ",".join(map(str, default))
+                return f"{text} (default: {str(default).replace('%', '%%')})"
+        return text
+
+
+def _positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def _parts(text: str) -> tuple[str, ...]:
+    """argparse type: a comma-separated list such as ``attention,head`` ('' for none)."""
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``probtransformer`` with its three sub-commands.
+
+    Returns:
+        An ``ArgumentParser`` whose errors print one line and exit with status 2.
+    """
+    parser = _Parser(
+        prog=PROG,
+        description="Bayesian Transformers in Pyro: fit, diagnose and predict from the shell.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    fit = commands.add_parser(
+        "fit",
+        help="fit a Bayesian Transformer classifier and write a run directory",
+        description="Fit a SequenceClassifier built from the dataset's meta (in_features, "
+        f"num_classes, max_len) and write {METRICS_FILE}, {INFERENCE_DATA_FILE}, "
+        f"{POSTERIOR_DIR}/, {ATTENTION_FILE} and {RELIABILITY_FILE} to --out. "
+        "Metrics are computed on the test split.",
+        formatter_class=functools.partial(
+            _LibraryDefaultsFormatter, sources=("model", "fit", "predict")
+        ),
+    )
+    fit.set_defaults(handler=_fit)
+    fit.add_argument(
+        "--dataset",
+        default="digits",
+        choices=_DatasetNames(),
+        metavar="NAME",
+        help="dataset, one of: %(choices)s (default: %(default)s)",
+    )
+    fit.add_argument(
+        "--inference",
+        default="svi",
+        choices=tuple(INFERENCE_GUIDES),
+        help="svi, or map: a point estimate, fit_svi with guide delta (default: %(default)s)",
+    )
+    fit.add_argument(
+        "--guide", choices=("normal", "lowrank", "mvn", "delta"), help="SVI variational family"
+    )
+    fit.add_argument("--num-steps", type=_positive_int, metavar="N", help="optimisation steps")
+    fit.add_argument("--batch-size", type=_positive_int, metavar="N", help="sequences per step")
+    fit.add_argument("--lr", type=float, help="initial Adam learning rate")
+    fit.add_argument(
+        "--num-samples", type=_positive_int, metavar="S", help="posterior draws for predictions"
+    )
+    fit.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seeds the data split, the fit and the draws (default: %(default)s)",
+    )
+    fit.add_argument("--device", choices=("auto", "cpu", "cuda"), help="where to fit")
+    fit.add_argument(
+        "--out", metavar="DIR", help="run directory (default: runs/<dataset>-<inference>)"
+    )
+    fit.add_argument(
+        "--no-progress", dest="progress", action="store_false", help="hide the progress bar"
+    )
+    model = fit.add_argument_group("model size")
+    model.add_argument("--d-model", type=_positive_int, metavar="N", help="model width")
+    model.add_argument("--num-heads", type=_positive_int, metavar="N", help="heads per layer")
+    model.add_argument("--num-layers", type=_positive_int, metavar="N", help="Transformer blocks")
+    model.add_argument("--d-ff", type=_positive_int, metavar="N", help="feed-forward width")
+    model.add_argument("--dropout", type=float, metavar="P", help="dropout probability")
+    model.add_argument(
+        "--bayesian",
+        type=_parts,
+        metavar="PARTS",
+        help="comma-separated latent parts among embedding,attention,ffn,norm,head ('' for none)",
+    )
+
+    diagnose = commands.add_parser(
+        "diagnose",
+        help="print convergence diagnostics and PSIS-LOO of a run",
+        description="Reload a run's posterior and its training data (dataset and seed from "
+        f"{METRICS_FILE}) and print the aggregated diagnostics table, the verdict and LOO.",
+        formatter_class=functools.partial(_LibraryDefaultsFormatter, sources=("diagnose",)),
+    )
+    diagnose.set_defaults(handler=_diagnose)
+    diagnose.add_argument("run_dir", metavar="DIR", help="run directory written by fit")
+    diagnose.add_argument(
+        "--num-samples", type=_positive_int, metavar="S", help="posterior draws to summarise"
+    )
+
+    predict = commands.add_parser(
+        "predict",
+        help="posterior predictive of a run for new sequences, as CSV",
+        description="Predict with a run's posterior. --input is a .npy array of shape "
+        "(N, T, F) or a .csv file with one flattened sequence (T*F values, step by step) per "
+        "row, optionally under a non-numeric header row.",
+        formatter_class=functools.partial(_LibraryDefaultsFormatter, sources=("predict",)),
+    )
+    predict.set_defaults(handler=_predict)
+    predict.add_argument("run_dir", metavar="DIR", help="run directory written by fit")
+    predict.add_argument("--input", required=True, metavar="FILE", help=".npy or .csv inputs")
+    predict.add_argument("--output", metavar="FILE", help="CSV to write (default: stdout)")
+    predict.add_argument("--num-samples", type=_positive_int, metavar="S", help="posterior draws")
+    predict.add_argument("--seed", type=int, help="seeds the draws")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI.
+
+    Args:
+        argv: arguments without the program name (default: ``sys.argv[1:]``).
+
+    Returns:
+        Exit status: 0 on success, 2 on bad arguments or files (one line on stderr), 1 when the
+        fit diverges.
+    """
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help, or an argument error already reported on one line
+        return e.code if isinstance(e.code, int) else 2
+    try:
+        args.handler(args)
+    except (CLIError, ValueError, TypeError, OSError) as e:
+        return _fail(e, 2)
+    except FloatingPointError as e:  # NonFiniteELBOError: the fit diverged
+        return _fail(e, 1)
+    return 0
+
+
+def _fail(error: Exception, status: int) -> int:
+    message = " ".join(str(error).split()) or type(error).__name__
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return status
+
+
+def _given(**kwargs: Any) -> dict[str, Any]:
+    """The keyword arguments that were set; unset (None) ones keep the library defaults."""
+    return {name: value for name, value in kwargs.items() if value is not None}
+
+
+# -- fit ------------------------------------------------------------------------------------
+
+
+def _fit(args: argparse.Namespace) -> None:
+    """``probtransformer fit``: fit, evaluate on the test split, write the run directory."""
+    guide = INFERENCE_GUIDES[args.inference]
+    if guide is not None and args.guide not in (None, guide):
+        raise CLIError(
+            f"--inference {args.inference} fits guide {guide!r}; got --guide {args.guide}"
+        )
+    target = Path(args.out or Path("runs") / f"{args.dataset}-{args.inference}")
+    _check_out(target)
+
+    from probtransformer import datasets, metrics
+    from probtransformer.inference import fit_svi
+    from probtransformer.models import SequenceClassifier
+
+    splits = datasets.load(args.dataset, seed=args.seed)
+    meta = splits.meta
+    model = SequenceClassifier(
+        meta["in_features"],
+        meta["num_classes"],
+        meta["max_len"],
+        **_given(
+            d_model=args.d_model,
+            num_heads=args.num_heads,
+            num_layers=args.num_layers,
+            d_ff=args.d_ff,
+            dropout=args.dropout,
+            bayesian=args.bayesian,
+        ),
+    )
+    start = time.perf_counter()
+    post = fit_svi(
+        model,
+        splits.train,
+        seed=args.seed,
+        progress=args.progress,
+        **_given(
+            guide=guide or args.guide,
+            num_steps=args.num_steps,
+            batch_size=args.batch_size,
+            lr=args.lr,
+            device=args.device,
+        ),
+    )
+    seconds = time.perf_counter() - start
+
+    draws = _given(num_samples=args.num_samples, seed=args.seed)
+    test = splits.test
+    pred = post.predict(test.x, test.mask, **draws)
+    probs = pred.mean.double()  # (N, C)
+    probs = probs / probs.sum(-1, keepdim=True)  # float32 row sums drift ~1e-7 from 1
+    record = dict(
+        accuracy=metrics.accuracy(probs, test.y),
+        nll=metrics.nll(probs, test.y),
+        ece=metrics.ece(probs, test.y, n_bins=ECE_BINS, strategy="uniform"),
+        ece_bins=ECE_BINS,
+        brier=metrics.brier(probs, test.y),
+        mean_epistemic=float(pred.epistemic.mean()),
+        num_train=len(splits.train),
+        num_test=len(test),
+        seconds=seconds,
+        dataset=args.dataset,
+        val_fraction=meta["val_fraction"],
+        inference=args.inference,
+        guide=post.record["guide"],
+        num_steps=post.record["num_steps"],
+        num_samples=pred.probs.shape[0],
+        seed=args.seed,
+        device=str(post.device),
+        class_names=meta.get("class_names"),
+    )
+    _write_run(target, post, splits, probs, record, draws)
+    _print_metrics(target, record)
+
+
+def _is_run_dir(path: Path) -> bool:
+    return (path / METRICS_FILE).is_file() and (path / POSTERIOR_DIR).is_dir()
+
+
+def _check_out(target: Path) -> None:
+    """Fail before fitting when ``target`` cannot become the run directory.
+
+    Raises:
+        CLIError: ``target`` is a file or a non-empty directory that is not a run directory
+            (never replaced), or its nearest existing parent is not a writable directory.
+    """
+    if target.exists() or target.is_symlink():
+        if not target.is_dir():
+            raise CLIError(f"--out {target} exists and is not a directory")
+        if any(target.iterdir()) and not _is_run_dir(target):
+            raise CLIError(
+                f"--out {target} exists and is not a {PROG} run directory; refusing to replace it"
+            )
+    ancestor = target.absolute().parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+        raise CLIError(f"cannot create --out {target}: {ancestor} is not a writable directory")
+
+
+def _write_run(target: Path, post, splits, probs, record: dict, draws: dict) -> None:
+    """Write every file of the run to a staging directory, then move it to ``target``."""
+    from probtransformer import plots
+
+    target = target.absolute()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.tmp")
+    staging.mkdir()  # not mkdtemp: the run directory gets the usual (umask) permissions
+    try:
+        test = splits.test
+        idata = post.to_inference_data(splits.train, test=test, **draws)
+        idata.to_netcdf(str(staging / INFERENCE_DATA_FILE))
+        post.save(staging / POSTERIOR_DIR)
+        first = test[:1]
+        attention = post.attention(first.x, first.mask, **draws)
+        title = f"posterior attention, {record['dataset']} test example 0 (label {int(first.y)})"
+        plots.save_figure(attention.plot(0, title=title), staging / ATTENTION_FILE)
+        reliability = plots.reliability_figure(
+            probs, test.y, n_bins=ECE_BINS, title=f"{record['dataset']} test, {record['inference']}"
+        )
+        plots.save_figure(reliability, staging / RELIABILITY_FILE)
+        (staging / METRICS_FILE).write_text(json.dumps(record, indent=1) + "\n")
+        _replace(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _replace(staging: Path, target: Path) -> None:
+    """Rename ``staging`` to ``target``; an existing ``target`` is removed only afterwards."""
+    if not target.exists():
+        staging.rename(target)
+        return
+    old = staging.with_name(staging.name + ".old")
+    target.rename(old)
+    try:
+        staging.rename(target)
+    except BaseException:
+        old.rename(target)
+        raise
+    shutil.rmtree(old)
+
+
+def _print_metrics(target: Path, record: dict) -> None:
+    print(
+        f"{record['dataset']} · {record['inference']} (guide {record['guide']}) · "
+        f"{record['num_train']} train / {record['num_test']} test · {record['seconds']:.1f} s fit"
+    )
+    for key, unit in (
+        ("accuracy", ""),
+        ("nll", " nats"),
+        ("ece", f" ({ECE_BINS} bins)"),
+        ("brier", ""),
+        ("mean_epistemic", " nats"),
+    ):
+        print(f"  {key:<15}{record[key]:.4f}{unit}")
+    print(f"wrote {target}")
+
+
+# -- diagnose and predict -----------------------------------------------------------------------
+
+
+def _load_run(run_dir: str):
+    """Read ``run_dir``'s metrics.json and posterior.
+
+    Returns:
+        ``(record, posterior)``: the metrics.json dict and the ``Posterior`` (on CPU).
+
+    Raises:
+        CLIError: ``run_dir`` is not a run directory or its metrics.json is unreadable.
+    """
+    path = Path(run_dir)
+    if not _is_run_dir(path):
+        raise CLIError(
+            f"{run_dir} is not a {PROG} run directory "
+            f"(it needs {METRICS_FILE} and {POSTERIOR_DIR}/)"
+        )
+    try:
+        record = json.loads((path / METRICS_FILE).read_text())
+    except json.JSONDecodeError as e:
+        raise CLIError(f"{path / METRICS_FILE} is not valid JSON: {e}") from None
+    if not isinstance(record, dict):
+        raise CLIError(f"{path / METRICS_FILE} must hold a JSON object")
+
+    from probtransformer.inference import load_posterior
+
+    return record, load_posterior(path / POSTERIOR_DIR)
+
+
+def _diagnose(args: argparse.Namespace) -> None:
+    """``probtransformer diagnose``: diagnostics table, verdict and LOO on the training data."""
+    record, post = _load_run(args.run_dir)
+    if post.is_point_estimate:
+        raise CLIError(
+            f"{args.run_dir} holds a point estimate (guide {record.get('guide')!r}): convergence "
+            "diagnostics and LOO need posterior draws; fit with --inference svi"
+        )
+    if "dataset" not in record or "seed" not in record:
+        raise CLIError(f"{Path(args.run_dir) / METRICS_FILE} does not record dataset and seed")
+
+    from probtransformer import datasets
+    from probtransformer.inference.diagnostics import diagnose
+
+    train = datasets.load(
+        record["dataset"], seed=record["seed"], **_given(val_fraction=record.get("val_fraction"))
+    ).train
+    diagnose(post, train, **_given(num_samples=args.num_samples))
+
+
+def _predict(args: argparse.Namespace) -> None:
+    """``probtransformer predict``: predictive probabilities and uncertainties as CSV."""
+    path = Path(args.input)
+    if path.suffix.lower() not in (".npy", ".csv"):
+        raise CLIError(f"--input must be a .npy or .csv file, got {args.input!r}")
+    if not path.is_file():
+        raise CLIError(f"--input {args.input} does not exist or is not a file")
+    record, post = _load_run(args.run_dir)
+    max_len, in_features = post.model.config["max_len"], post.model.config["in_features"]
+    if path.suffix.lower() == ".npy":
+        x = _read_npy(path, in_features)
+    else:
+        x = _read_csv(path, max_len, in_features)
+    pred = post.predict(x, **_given(num_samples=args.num_samples, seed=args.seed))
+    frame = pred.to_dataframe(record.get("class_names"))
+    if args.output is None:
+        frame.to_csv(sys.stdout, index=False)
+    else:
+        frame.to_csv(args.output, index=False)
+
+
+def _read_npy(path: Path, in_features: int) -> np.ndarray:
+    """Read float32 inputs of shape (N, T, F) from a .npy file (T may be below max_len).
+
+    Raises:
+        CLIError: not a numeric .npy array, another shape, no rows, or NaN/inf values.
+    """
+    try:
+        x = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise CLIError(f"cannot read {path} as a .npy array: {e}") from None
+    if not isinstance(x, np.ndarray) or x.dtype.kind not in "biuf":
+        raise CLIError(f"{path} must hold a numeric array, got dtype {getattr(x, 'dtype', x)}")
+    if x.ndim != 3 or x.shape[2] != in_features or 0 in x.shape:
+        raise CLIError(
+            f"{path} must hold an array of shape (N, T, F={in_features}) with N, T >= 1, "
+            f"got {x.shape}"
+        )
+    return _finite(x.astype(np.float32), path)
+
+
+def _read_csv(path: Path, max_len: int, in_features: int) -> np.ndarray:
+    """Read inputs from a CSV file with one flattened sequence of T*F values per row.
+
+    Values run step by step (row-major over (T, F)); T is the model's max_len. A first row
+    with no numeric cell is a header and skipped; blank lines are skipped.
+
+    Returns:
+        float32 array of shape (N, max_len, in_features).
+
+    Raises:
+        CLIError: a row with another number of columns, a missing or non-numeric value, no
+            rows, or NaN/inf values.
+    """
+    width = max_len * in_features
+    rows: list[list[float]] = []
+    with path.open(newline="") as f:
+        for line, cells in enumerate(csv.reader(f), start=1):
+            if not any(cell.strip() for cell in cells):
+                continue
+            if line == 1 and not any(_is_number(cell) for cell in cells):
+                continue  # header row
+            if len(cells) != width:
+                raise CLIError(
+                    f"{path} line {line}: expected {width} columns (T*F = {max_len}*{in_features})"
+                    f", got {len(cells)}"
+                )
+            rows.append([_cell(value, path, line, column) for column, value in enumerate(cells)])
+    if not rows:
+        raise CLIError(f"{path} holds no data rows")
+    x = np.asarray(rows, dtype=np.float32).reshape(len(rows), max_len, in_features)
+    return _finite(x, path)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _cell(text: str, path: Path, line: int, column: int) -> float:
+    if not text.strip():
+        raise CLIError(f"{path} line {line}, column {column + 1}: missing value")
+    try:
+        return float(text)
+    except ValueError:
+        raise CLIError(f"{path} line {line}, column {column + 1}: not a number: {text!r}") from None
+
+
+def _finite(x: np.ndarray, path: Path) -> np.ndarray:
+    bad = int((~np.isfinite(x)).sum())
+    if bad:
+        raise CLIError(f"{path} holds {bad} NaN/inf values")
+    return x
+
+
+if __name__ == "__main__":
+    sys.exit(main())

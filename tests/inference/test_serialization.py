@@ -1,0 +1,109 @@
+import json
+
+import pyro
+import pytest
+import torch
+
+from probtransformer.inference import FORMAT_VERSION, fit_svi, load_posterior
+from probtransformer.models import SequenceClassifier
+
+
+@pytest.fixture(scope="module")
+def saved(small_posterior, tmp_path_factory):
+    path = tmp_path_factory.mktemp("saved") / "posterior"
+    small_posterior.save(path)
+    return path
+
+
+def test_layout_and_metadata(saved, small_posterior):
+    assert sorted(p.name for p in saved.iterdir()) == ["posterior.json", "tensors.pt"]
+    meta = json.loads((saved / "posterior.json").read_text())
+    assert meta["format_version"] == FORMAT_VERSION
+    assert meta["model_class"] == "probtransformer.models.classifier.SequenceClassifier"
+    assert meta["config"] == small_posterior.model.config
+    assert meta["guide"] == "normal"
+    assert meta["record"]["elbo"] == small_posterior.record["elbo"]
+
+
+def test_tensors_load_without_unpickling_objects(saved):
+    tensors = torch.load(saved / "tensors.pt", weights_only=True)
+    assert set(tensors) == {"model_state", "guide_state", "samples", "example"}
+    assert all(isinstance(v, torch.Tensor) for v in tensors["model_state"].values())
+    assert all(isinstance(v, torch.Tensor) for v in tensors["guide_state"].values())
+
+
+def test_round_trip_gives_identical_predictions(saved, small_posterior, digits):
+    loaded = load_posterior(saved)
+    assert isinstance(loaded.model, SequenceClassifier)
+    assert loaded.latent_shapes == small_posterior.latent_shapes
+    assert loaded.record == small_posterior.record
+    x = digits.test.x[:16]
+    before = small_posterior.predict(x, num_samples=8, seed=3).probs
+    after = loaded.predict(x, num_samples=8, seed=3).probs
+    assert torch.equal(before, after)
+    att_before = small_posterior.attention(x[:2], num_samples=4, seed=1).samples
+    att_after = loaded.attention(x[:2], num_samples=4, seed=1).samples
+    assert torch.equal(att_before, att_after)
+    draws_before, draws_after = small_posterior.draws(5, seed=2), loaded.draws(5, seed=2)
+    assert all(torch.equal(v, draws_after[k]) for k, v in draws_before.items())
+
+
+@pytest.mark.parametrize("guide", ["delta", "lowrank"])
+def test_round_trip_for_other_guides(guide, digits, tmp_path):
+    model = SequenceClassifier(8, 10, 8, d_model=8, num_heads=2, num_layers=1, d_ff=16)
+    post = fit_svi(model, digits.train[:48], guide=guide, num_steps=5, progress=False)
+    post.save(tmp_path / guide)
+    loaded = load_posterior(tmp_path / guide)
+    x = digits.test.x[:5]
+    assert torch.equal(post.predict(x, num_samples=4).probs, loaded.predict(x, num_samples=4).probs)
+    assert loaded.is_point_estimate == (guide == "delta")
+
+
+def test_save_replaces_an_existing_posterior(small_posterior, tmp_path, digits):
+    path = tmp_path / "p"
+    other = fit_svi(
+        SequenceClassifier(8, 10, 8, d_model=8, num_heads=2, num_layers=1, d_ff=16),
+        digits.train[:32],
+        num_steps=2,
+        progress=False,
+    )
+    other.save(path)
+    small_posterior.save(path)
+    assert load_posterior(path).model.config == small_posterior.model.config
+    assert [p.name for p in tmp_path.iterdir()] == ["p"]  # no staging directory left behind
+
+
+def test_loading_leaves_the_global_param_store_alone(saved):
+    pyro.param("user.value", torch.tensor(2.0))
+    load_posterior(saved)
+    assert set(pyro.get_param_store().keys()) == {"user.value"}
+
+
+def test_newer_format_version_is_rejected(saved, tmp_path):
+    copy = tmp_path / "newer"
+    copy.mkdir()
+    meta = json.loads((saved / "posterior.json").read_text())
+    meta["format_version"] = FORMAT_VERSION + 1
+    (copy / "posterior.json").write_text(json.dumps(meta))
+    (copy / "tensors.pt").write_bytes((saved / "tensors.pt").read_bytes())
+    with pytest.raises(ValueError, match="format_version"):
+        load_posterior(copy)
+
+
+def test_missing_directory_raises_file_not_found(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        load_posterior(tmp_path / "does-not-exist")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="posterior.json"):
+        load_posterior(tmp_path / "empty")
+
+
+def test_unknown_model_class_is_rejected(saved, tmp_path):
+    copy = tmp_path / "unknown"
+    copy.mkdir()
+    meta = json.loads((saved / "posterior.json").read_text())
+    meta["model_class"] = "probtransformer.models.NoSuchModel"
+    (copy / "posterior.json").write_text(json.dumps(meta))
+    (copy / "tensors.pt").write_bytes((saved / "tensors.pt").read_bytes())
+    with pytest.raises(ValueError, match="NoSuchModel"):
+        load_posterior(copy)

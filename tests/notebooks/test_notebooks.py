@@ -31,7 +31,9 @@ def test_notebooks_are_found() -> None:
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda path: path.name)
 def test_notebook_runs_as_script(script: Path, tmp_path: Path) -> None:
-    env = {**os.environ, "PROBTRANSFORMER_SMOKE": "1", "MPLBACKEND": "Agg"}
+    # one intra-op thread, as in conftest.py: tiny models on a busy 2-core machine run 10x
+    # slower with two threads waiting on each other
+    env = {**os.environ, "PROBTRANSFORMER_SMOKE": "1", "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
         [sys.executable, str(script)],
         cwd=tmp_path,

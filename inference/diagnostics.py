@@ -15,7 +15,7 @@ from probtransformer.inference._arviz import az
 RHAT_MAX = 1.01
 ESS_PER_CHAIN_MIN = 100
 PARETO_K_MAX = 0.7
-ELBO_REL_CHANGE_MAX = 0.01
+ELBO_CHANGE_PER_OBS_MAX = 0.01
 
 
 def diagnose(
@@ -33,8 +33,10 @@ def diagnose(
     its number of scalars, mean posterior sd and, for two or more chains, max R-hat and min
     bulk/tail ESS (ArviZ). They are NaN for SVI: its draws are independent guide samples, so the
     ESS equals the number of draws by construction and says nothing about the fit. The
-    verdict adds, for SVI, the relative change of the mean ELBO between the last two tenths of the
-    steps and, with ``data``, PSIS-LOO (Vehtari, Gelman & Gabry 2017) with Pareto-k counts.
+    verdict adds, for SVI, how much the mean ELBO moved between the last two tenths of the steps
+    in nats per training observation (comparable with a held-out NLL; flagged above
+    ``ELBO_CHANGE_PER_OBS_MAX``) and, with ``data``, PSIS-LOO (Vehtari, Gelman & Gabry 2017) with
+    Pareto-k counts.
 
     Args:
         posterior: a ``Posterior``.
@@ -74,12 +76,13 @@ def diagnose(
         )
     elbo = posterior.record.get("elbo")
     if elbo:
-        change = elbo_relative_change(elbo)
+        change = elbo_change_per_obs(elbo, posterior.record["num_data"])
         verdict.append(
             _flag(
-                change > ELBO_REL_CHANGE_MAX,
-                f"ELBO {np.mean(elbo[-max(1, len(elbo) // 10) :]):.1f}; relative change over the "
-                f"last tenth of the steps {change:.2%} (flag > {ELBO_REL_CHANGE_MAX:.0%})",
+                change > ELBO_CHANGE_PER_OBS_MAX,
+                f"ELBO {np.mean(elbo[-max(1, len(elbo) // 10) :]):.1f} nats; it moved "
+                f"{change:.3g} nats per observation over the last tenth of the steps "
+                f"(flag > {ELBO_CHANGE_PER_OBS_MAX}: not converged, fit longer)",
             )
         )
     if data is not None and idata.posterior.sizes["draw"] * chains < 2:
@@ -102,12 +105,15 @@ def diagnose(
     return table
 
 
-def elbo_relative_change(elbo: list[float]) -> float:
-    """``|mean(last tenth) - mean(previous tenth)| / |mean(last tenth)|`` of an ELBO trace."""
+def elbo_change_per_obs(elbo: list[float], num_data: int) -> float:
+    """``|mean(last tenth) - mean(previous tenth)| / num_data`` of an ELBO trace, in nats.
+
+    Per observation rather than relative to the ELBO, which can be near zero.
+    """
     window = max(1, len(elbo) // 10)
     last = float(np.mean(elbo[-window:]))
     previous = float(np.mean(elbo[-2 * window : -window] or elbo[-window:]))
-    return abs(last - previous) / max(abs(last), 1e-12)
+    return abs(last - previous) / num_data
 
 
 def _flag(bad: bool, text: str) -> str:

@@ -156,8 +156,8 @@ def test_map_fit_uses_default_out_and_replaces_a_previous_run(tmp_path, monkeypa
     assert (record["inference"], record["guide"], record["num_steps"]) == ("map", "delta", 5)
     assert record["num_samples"] == 1 and record["mean_epistemic"] == 0.0  # a point estimate
 
-    assert main(["diagnose", str(previous)]) == 2
-    assert "point estimate" in _one_error_line(capsys)
+    assert main(["diagnose", str(previous)]) == 0
+    assert "LOO: a point estimate has one draw" in capsys.readouterr().out
 
 
 # -- diagnose -----------------------------------------------------------------------------------

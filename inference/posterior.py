@@ -79,7 +79,7 @@ class Posterior:
     ) -> None:
         if (guide is None) == (samples is None):
             raise ValueError("a Posterior needs exactly one of guide or samples")
-        self.model = model
+        self.model = model.eval()  # prediction mode: dropout off
         self.guide = guide
         self.samples = samples
         self.record = record
@@ -164,7 +164,6 @@ class Posterior:
         condition = {k: v.reshape(num, 1, *v.shape[1:]) for k, v in flat_draws.items()}
         model = poutine.condition(self.model, data=condition)
         pieces: dict[str, list[torch.Tensor]] = {}
-        self.model.eval()
         with pyro_scope(), torch.no_grad():
             for start in range(0, x.shape[0], batch_size):
                 rows = slice(start, start + batch_size)
@@ -173,7 +172,7 @@ class Posterior:
                     None if y is None else y[rows],
                     None if mask is None else mask[rows],
                 )
-                with pyro.plate("_draws", num, dim=-2):
+                with pyro.plate("_draws", num, dim=-2):  # dim -1 is the model's data plate
                     trace = poutine.trace(model).get_trace(*args)
                 for key, value in read(trace).items():
                     pieces.setdefault(key, []).append(value.cpu())
@@ -279,7 +278,9 @@ class Posterior:
         Raises:
             ValueError: unknown ``module``, or malformed inputs.
         """
-        kinds = self.model.attention_modules
+        kinds = getattr(self.model, "attention_modules", None)
+        if not kinds:
+            raise TypeError(f"{type(self.model).__name__} declares no attention_modules")
         module = module or next(iter(kinds))
         if module not in kinds:
             raise ValueError(f"module must be one of {sorted(kinds)}, got {module!r}")

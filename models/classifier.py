@@ -80,7 +80,7 @@ class SequenceClassifier(PyroModule):
         attention_prior: priors.LogitScalePrior | None = priors.LogitScalePrior(),
     ) -> None:
         super().__init__()
-        for name, value in dict(
+        sizes = dict(
             in_features=in_features,
             num_classes=num_classes,
             max_len=max_len,
@@ -88,7 +88,8 @@ class SequenceClassifier(PyroModule):
             num_heads=num_heads,
             num_layers=num_layers,
             d_ff=d_ff,
-        ).items():
+        )
+        for name, value in sizes.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if pooling not in ("mean", "cls"):
@@ -101,13 +102,7 @@ class SequenceClassifier(PyroModule):
         self.max_len = max_len
         self.pooling = pooling
         self.config = dict(
-            in_features=in_features,
-            num_classes=num_classes,
-            max_len=max_len,
-            d_model=d_model,
-            num_heads=num_heads,
-            num_layers=num_layers,
-            d_ff=d_ff,
+            **sizes,
             dropout=dropout,
             pooling=pooling,
             norm_first=norm_first,

@@ -45,6 +45,8 @@ def seeded(seed: int, device: torch.device) -> Iterator[None]:
     """Seed torch's RNG (CPU and ``device``) for the block, restoring the outer state after."""
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    if not 0 <= seed < 2**63:
+        raise ValueError(f"seed must be in [0, 2**63), got {seed}")
     devices = [device.index or 0] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)

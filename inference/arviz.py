@@ -6,6 +6,7 @@ import torch
 
 from probtransformer.datasets import SequenceData
 from probtransformer.inference._arviz import az
+from probtransformer.inference.posterior import check_data
 
 
 def _numpy(t: torch.Tensor):
@@ -50,6 +51,9 @@ def to_inference_data(
     Raises:
         ValueError: ``data`` without targets, or ``attention_obs < 0``.
     """
+    check_data(data)
+    if test is not None:
+        check_data(test, "test")
     if data.y is None:
         raise ValueError("data.y is None: the log-likelihood needs observed targets")
     if isinstance(attention_obs, bool) or not isinstance(attention_obs, int) or attention_obs < 0:

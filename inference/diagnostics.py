@@ -44,7 +44,7 @@ def diagnose(
         num_samples: posterior draws to summarise.
         attention_obs: sequences whose posterior attention forms the ``attention`` group.
         seed: seeds the draws.
-        verbose: print the table and the verdict.
+        verbose: print the verdict (the table is returned; ``format_table`` renders it).
 
     Returns:
         DataFrame indexed by variable with columns ``size``, ``mean_sd``, ``r_hat_max``,
@@ -61,10 +61,15 @@ def diagnose(
     table = _variable_table(idata.posterior)
     chains = idata.posterior.sizes["chain"]
     verdict = [
-        f"method: {posterior.record.get('method', '?')}, {chains} chain(s) x "
-        f"{idata.posterior.sizes['draw']} draws"
+        f"verdict ({posterior.record.get('method', '?')}, {chains} chain(s) x "
+        f"{idata.posterior.sizes['draw']} draws):"
     ]
-    if chains >= 2:
+    if chains < 2:
+        verdict.append(
+            "n/a   R-hat and ESS need two or more chains (SVI draws are independent samples of "
+            "the fitted guide, not a Markov chain)"
+        )
+    else:
         worst = table["r_hat_max"].max()
         ess = table["ess_bulk_min"].min()
         verdict.append(_flag(worst > RHAT_MAX, f"max R-hat {worst:.3f} (flag > {RHAT_MAX})"))
@@ -95,14 +100,23 @@ def diagnose(
                 loo["k_over_0.7"] > 0,
                 f"LOO: elpd_loo {loo['elpd_loo']:.1f} ± {loo['se']:.1f}, p_loo "
                 f"{loo['p_loo']:.1f}; Pareto k > {PARETO_K_MAX}: {loo['k_over_0.7']} of "
-                f"{loo['n']} (k > 1: {loo['k_over_1']})",
+                f"{loo['n']} (k > 1: {loo['k_over_1']})"
+                + (
+                    "; LOO is unreliable here, compare models on held-out NLL"
+                    if loo["k_over_0.7"]
+                    else ""
+                ),
             )
         )
     table.attrs["verdict"] = verdict
     if verbose:
-        print(table.to_string(float_format=lambda v: f"{v:.4g}"))
         print("\n".join(verdict))
     return table
+
+
+def format_table(table: pd.DataFrame) -> str:
+    """The diagnostics table as text (4 significant digits)."""
+    return table.to_string(float_format=lambda v: f"{v:.4g}")
 
 
 def elbo_change_per_obs(elbo: list[float], num_data: int) -> float:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 from collections.abc import Callable
 
 import numpy as np
@@ -172,8 +173,16 @@ class Posterior:
                     None if y is None else y[rows],
                     None if mask is None else mask[rows],
                 )
-                with pyro.plate("_draws", num, dim=-2):  # dim -1 is the model's data plate
-                    trace = poutine.trace(model).get_trace(*args)
+                try:
+                    with pyro.plate("_draws", num, dim=-2):  # dim -1: the model's data plate
+                        trace = poutine.trace(model).get_trace(*args)
+                except ValueError as e:  # distribution validation rejecting NaN outputs
+                    if "invalid values" not in str(e):
+                        raise
+                    raise ValueError(
+                        f"the model's outputs are not finite for input rows {rows.start} to "
+                        f"{min(rows.stop, x.shape[0]) - 1}: are the inputs scaled as in training?"
+                    ) from e
                 for key, value in read(trace).items():
                     pieces.setdefault(key, []).append(value.cpu())
         return {
@@ -189,6 +198,7 @@ class Posterior:
             x = x.float()  # float64 (or half) features -> the model's float32
         if hasattr(self.model, "validate"):
             self.model.validate(x, y, mask)
+        _warn_out_of_range(x, self.record.get("x_range"))
         device = self.device
         return (
             x.to(device),
@@ -321,6 +331,7 @@ class Posterior:
             ``(log_lik, replicated)``: ``(chain, draw, N)`` log-likelihood in nats (None when
             ``data.y`` is None) and ``(chain, draw, N, ...)`` draws of ``y`` from the predictive.
         """
+        check_data(data)
         x, mask, y = self._inputs(data.x, data.mask, data.y)
 
         def read(trace):
@@ -377,6 +388,31 @@ class Posterior:
         return (
             f"Posterior(model={type(self.model).__name__}, method={self.record.get('method')!r}, "
             f"{kind}, latent_sites={len(self.latent_shapes)})"
+        )
+
+
+def check_data(data: object, name: str = "data") -> None:
+    """Raise ``TypeError`` unless ``data`` is a ``SequenceData``."""
+    if not isinstance(data, SequenceData):
+        raise TypeError(
+            f"{name} must be a probtransformer.datasets.SequenceData (e.g. splits.train), "
+            f"got {type(data).__name__}"
+        )
+
+
+def _warn_out_of_range(x: torch.Tensor, x_range: list[float] | None) -> None:
+    """Warn when features lie far outside the training range (a preprocessing mismatch)."""
+    if not x_range or not x.is_floating_point():
+        return
+    low, high = x_range
+    span = max(high - low, 1e-12)
+    got_low, got_high = float(x.min()), float(x.max())
+    if got_low < low - span or got_high > high + span:
+        warnings.warn(
+            f"x spans [{got_low:.4g}, {got_high:.4g}] but the training features spanned "
+            f"[{low:.4g}, {high:.4g}]: check that the inputs are preprocessed as in training",
+            UserWarning,
+            stacklevel=4,
         )
 
 

@@ -73,6 +73,14 @@ class Prediction:
         lower, upper = torch.quantile(self.probs, q, dim=0)
         return lower, upper
 
+    def __repr__(self) -> str:
+        draws, n, classes = self.probs.shape
+        return (
+            f"Prediction(draws={draws}, n={n}, classes={classes}, "
+            f"mean_entropy={self.entropy.mean():.4f} nats, "
+            f"mean_epistemic={self.epistemic.mean():.4f} nats)"
+        )
+
     def to_dataframe(self, class_names: list[str] | None = None) -> pd.DataFrame:
         """One row per input: ``prob_<class>``, ``predicted``, ``entropy``, ``aleatoric``,
         ``epistemic``."""
@@ -128,8 +136,16 @@ class PosteriorAttention:
         from probtransformer.plots import attention_figure
 
         n = self.samples.shape[2]
+        if isinstance(i, bool) or not isinstance(i, int):
+            raise TypeError(f"i must be an int sequence index, got {type(i).__name__}")
         if not -n <= i < n:
             raise IndexError(f"i must index one of the n={n} sequences, got {i}")
-        return attention_figure(
-            self.mean()[i], self.std()[i], title=title or f"posterior attention ({self.module})"
+        title = title or f"posterior attention of sequence {i} ({self.module} attention)"
+        return attention_figure(self.mean()[i], self.std()[i], title=title)
+
+    def __repr__(self) -> str:
+        chains, draws, n, layers, heads, tq, tk = self.samples.shape
+        return (
+            f"PosteriorAttention(module={self.module!r}, chains={chains}, draws={draws}, n={n}, "
+            f"layers={layers}, heads={heads}, query={tq}, key={tk})"
         )

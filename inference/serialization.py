@@ -5,12 +5,14 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import pickle
 import shutil
 import tempfile
 from pathlib import Path
 
 import torch
 
+from probtransformer._io import replace_directory
 from probtransformer.datasets import SequenceData
 from probtransformer.inference._runtime import pyro_scope, resolve_device
 from probtransformer.inference.guides import build_guide
@@ -22,14 +24,43 @@ _META = "posterior.json"
 _TENSORS = "tensors.pt"
 
 
+def _save_target(path: str | os.PathLike) -> Path:
+    """Check that ``path`` may become (or be replaced by) a saved posterior.
+
+    Raises:
+        TypeError: ``path`` is not a str or path.
+        ValueError: ``path`` exists and is not a directory holding only a saved posterior.
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
+    target = Path(path).absolute()
+    if target.exists():
+        if not target.is_dir():
+            raise ValueError(f"cannot save a posterior to {target}: it exists and is a file")
+        others = sorted({p.name for p in target.iterdir()} - {_META, _TENSORS})
+        if others:
+            raise ValueError(
+                f"refusing to replace {target}: it holds files that are not part of a saved "
+                f"posterior ({', '.join(others[:3])}{', ...' if len(others) > 3 else ''})"
+            )
+    return target
+
+
 def save_posterior(posterior: Posterior, path: str | os.PathLike) -> None:
-    """Write ``posterior`` to directory ``path`` (created; replaced atomically if present).
+    """Write ``posterior`` to directory ``path``.
 
     Layout: ``posterior.json`` (format_version, model class path and config, method, guide kind,
     record) and ``tensors.pt`` (model and guide state dicts, draws, the example rows used to
-    rebuild the guide) — tensors only, so loading never unpickles objects.
+    rebuild the guide) — tensors only, so loading never unpickles objects. Files are written to
+    a staging directory next to ``path`` and moved into place at the end; an existing saved
+    posterior at ``path`` is replaced, anything else there is never deleted.
+
+    Raises:
+        TypeError: ``path`` is not a str or path.
+        ValueError: ``path`` is a file, or a directory holding other files.
+        OSError: the directory cannot be written (the message names ``path``).
     """
-    path = Path(path)
+    target = _save_target(path)
     model = posterior.model
     meta = {
         "format_version": FORMAT_VERSION,
@@ -56,66 +87,85 @@ def save_posterior(posterior: Posterior, path: str | os.PathLike) -> None:
             "mask": posterior.example.mask,
         },
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    staging.chmod(0o777 & ~umask)  # mkdtemp makes 0700; give the directory the usual mode
+    staging = None
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        umask = os.umask(0)
+        os.umask(umask)
+        staging.chmod(0o777 & ~umask)  # mkdtemp makes 0700; give the directory the usual mode
         (staging / _META).write_text(json.dumps(meta, indent=1))
         torch.save(tensors, staging / _TENSORS)
-        if path.exists():
-            shutil.rmtree(path)
-        staging.rename(path)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+        replace_directory(staging, target)
+    except OSError as e:
+        raise OSError(f"cannot save the posterior to {target}: {e.strerror or e}") from e
+    finally:
+        if staging is not None and staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def load_posterior(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> Posterior:
     """Load a posterior written by ``Posterior.save``.
+
+    Tensors are read with ``torch.load(weights_only=True)``: no object is ever unpickled.
 
     Args:
         path: the directory.
         device: where to place the model (``"auto"`` for CUDA when available).
 
     Raises:
+        TypeError: ``path`` is not a str or path.
         FileNotFoundError: ``path`` is not a saved posterior.
-        ValueError: written by a newer format version, or its model class cannot be imported.
+        ValueError: written by a newer format version, its model class cannot be imported, or
+            its files are damaged or do not match each other.
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
     path = Path(path)
     if not (path / _META).is_file() or not (path / _TENSORS).is_file():
         raise FileNotFoundError(f"{path} is not a saved posterior (no {_META} / {_TENSORS})")
-    meta = json.loads((path / _META).read_text())
-    version = meta.get("format_version")
+    device = resolve_device(device)
+    try:
+        meta = json.loads((path / _META).read_text())
+        version = meta["format_version"]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+        raise ValueError(f"{path / _META} is damaged: {_first_line(e)}") from e
     if not isinstance(version, int) or version > FORMAT_VERSION:
         raise ValueError(
             f"{path} has format_version {version!r}; this probtransformer reads versions "
             f"<= {FORMAT_VERSION}: upgrade probtransformer"
         )
-    module_name, _, class_name = meta["model_class"].rpartition(".")
     try:
+        module_name, _, class_name = meta["model_class"].rpartition(".")
         cls = getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"cannot import model class {meta['model_class']!r}") from e
-    model = (
-        cls.from_config(meta["config"]) if hasattr(cls, "from_config") else cls(**meta["config"])
-    )
-    tensors = torch.load(path / _TENSORS, map_location="cpu", weights_only=True)
-    model.load_state_dict(tensors["model_state"])
-    device = resolve_device(device)
-    model = model.to(device)
-    example = SequenceData(**tensors["example"])
-    guide = None
-    if tensors["guide_state"] is not None:
-        record = meta["record"]
-        guide = build_guide(meta["guide"], model, init_scale=record.get("init_scale", 1e-3))
-        ex = example.to(device)
-        with pyro_scope(), torch.no_grad():
-            guide(ex.x, ex.y, ex.mask)  # creates the parameters, then overwrite them
-        guide.load_state_dict(tensors["guide_state"])
-        guide.to(device)
-    samples = tensors["samples"]
-    if samples is not None:
-        samples = {k: v.to(device) for k, v in samples.items()}
+    except (ImportError, AttributeError, KeyError) as e:
+        raise ValueError(f"cannot import the model class of {path}: {_first_line(e)}") from e
+    try:
+        config = meta["config"]
+        model = cls.from_config(config) if hasattr(cls, "from_config") else cls(**config)
+        tensors = torch.load(path / _TENSORS, map_location="cpu", weights_only=True)
+        model.load_state_dict(tensors["model_state"])
+        model = model.to(device)
+        example = SequenceData(**tensors["example"])
+        guide = None
+        if tensors["guide_state"] is not None:
+            record = meta["record"]
+            guide = build_guide(meta["guide"], model, init_scale=record.get("init_scale", 1e-3))
+            ex = example.to(device)
+            with pyro_scope(), torch.no_grad():
+                guide(ex.x, ex.y, ex.mask)  # creates the parameters, then overwrite them
+            guide.load_state_dict(tensors["guide_state"])
+            guide.to(device)
+        samples = tensors["samples"]
+        if samples is not None:
+            samples = {k: v.to(device) for k, v in samples.items()}
+    except (RuntimeError, pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError) as e:
+        raise ValueError(
+            f"{path} holds a damaged saved posterior, or its {_META} and {_TENSORS} do not "
+            f"match: {_first_line(e)}"
+        ) from e
     return Posterior(model, record=meta["record"], example=example, guide=guide, samples=samples)
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]

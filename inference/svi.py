@@ -19,7 +19,7 @@ from probtransformer.inference._runtime import (
     seeded,
 )
 from probtransformer.inference.guides import GUIDES, build_guide
-from probtransformer.inference.posterior import Posterior, check_model, example_of
+from probtransformer.inference.posterior import Posterior, check_data, check_model, example_of
 
 
 class NonFiniteELBOError(FloatingPointError):
@@ -44,10 +44,7 @@ def _check_positive_int(name: str, value: object) -> None:
 
 
 def _check_data(model: torch.nn.Module, data: SequenceData) -> None:
-    if not isinstance(data, SequenceData):
-        raise TypeError(
-            f"data must be a probtransformer.datasets.SequenceData, got {type(data).__name__}"
-        )
+    check_data(data)
     if data.y is None:
         raise ValueError("data.y is None: fitting needs observed targets")
     if len(data) == 0:
@@ -131,12 +128,17 @@ def fit_svi(
     with pyro_scope(), seeded(seed, device):
         autoguide = build_guide(guide, model, init_scale=init_scale)
         loss_fn = elbo(model, autoguide)
-        loss_fn(
-            train.x[:batch_size],
-            train.y[:batch_size],
-            _mask(train, slice(0, batch_size)),
-            num_data=n,
-        )  # creates the guide's parameters
+
+        def loss_at(step: int, args: tuple) -> torch.Tensor:
+            try:
+                return loss_fn(*args, num_data=n)
+            except ValueError as e:  # distribution validation rejecting NaN parameters
+                if "invalid values" not in str(e):
+                    raise
+                raise _non_finite(model, autoguide, args, n, step, math.nan) from e
+
+        first = slice(0, batch_size)
+        loss_at(0, (train.x[first], train.y[first], _mask(train, first)))  # creates guide params
         params = [p for p in loss_fn.parameters() if p.requires_grad]
         optimizer = torch.optim.Adam(params, lr=lr)
         scheduler = torch.optim.lr_scheduler.ExponentialLR(
@@ -144,7 +146,8 @@ def fit_svi(
         )
         order = torch.randperm(n, device=device)
         cursor = 0
-        bar = tqdm(range(num_steps), desc="SVI", disable=not progress, leave=False)
+        # disable=None: no bar when output is not a terminal (logs stay readable)
+        bar = tqdm(range(num_steps), desc="SVI", disable=None if progress else True, leave=False)
         for step in bar:
             if cursor + batch_size > n:
                 order, cursor = torch.randperm(n, device=device), 0
@@ -152,12 +155,7 @@ def fit_svi(
             cursor += batch_size
             args = (train.x[idx], train.y[idx], _mask(train, idx))
             optimizer.zero_grad(set_to_none=True)
-            try:
-                loss = loss_fn(*args, num_data=n)
-            except ValueError as e:  # distribution validation rejecting NaN parameters
-                if "invalid values" not in str(e):
-                    raise
-                raise _non_finite(model, autoguide, args, n, step, math.nan) from e
+            loss = loss_at(step, args)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(params, math.inf)
             value = loss.item()
@@ -170,6 +168,7 @@ def fit_svi(
                 bar.set_postfix(elbo=f"{-value:.4g}")
     record = dict(
         method="svi",
+        x_range=[float(train.x.min()), float(train.x.max())],
         guide=guide,
         num_steps=num_steps,
         batch_size=batch_size,

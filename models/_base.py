@@ -55,7 +55,7 @@ def check_sequence_inputs(
     Raises:
         TypeError: wrong type or dtype.
         ValueError: wrong rank or size, an empty batch, non-finite features, labels out of range,
-            or a mask of the wrong shape.
+            a mask of the wrong shape, or a sequence that is all padding.
     """
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor of shape (N, T, F), got {type(x).__name__}")
@@ -82,6 +82,13 @@ def check_sequence_inputs(
             raise ValueError(f"mask must have shape (N, T)=({N}, {T}), got {tuple(mask.shape)}")
         if mask.device != x.device:
             raise ValueError(f"mask is on {mask.device} but x is on {x.device}")
+        empty = (~mask.any(dim=1)).nonzero().flatten()
+        if len(empty):
+            rows = ", ".join(map(str, empty[:5].tolist())) + (", ..." if len(empty) > 5 else "")
+            raise ValueError(
+                f"mask marks every step of sequence(s) {rows} as padding: each sequence needs "
+                "at least one real step"
+            )
     if y is not None:
         if not isinstance(y, torch.Tensor):
             raise TypeError(f"y must be a torch.Tensor, got {type(y).__name__}")

@@ -19,7 +19,13 @@ from probtransformer.models._base import align_draws, check_sequence_inputs
 
 
 def _parse_bayesian(bayesian: Iterable[str] | str) -> frozenset[str]:
-    parts = (bayesian,) if isinstance(bayesian, str) else tuple(bayesian)
+    if isinstance(bayesian, str):
+        bayesian = (bayesian,)
+    if not isinstance(bayesian, Iterable) or not all(isinstance(p, str) for p in bayesian):
+        raise TypeError(
+            f"bayesian must be a str or an iterable of str among {BAYESIAN_PARTS}, got {bayesian!r}"
+        )
+    parts = tuple(bayesian)
     unknown = sorted(set(parts) - set(BAYESIAN_PARTS))
     if unknown:
         raise ValueError(f"bayesian must name parts among {BAYESIAN_PARTS}, got unknown {unknown}")
@@ -56,8 +62,9 @@ class SequenceClassifier(PyroModule):
             None for none).
 
     Raises:
-        ValueError: unknown ``bayesian`` part or ``pooling``, sizes < 1, ``d_model`` not a
-            multiple of ``num_heads``.
+        ValueError: unknown ``bayesian`` part or ``pooling``, sizes < 1 (``num_classes`` < 2),
+            ``d_model`` not a multiple of ``num_heads``.
+        TypeError: ``bayesian`` not strings, or a prior of the wrong spec type.
     """
 
     likelihood_site = "y"
@@ -92,6 +99,17 @@ class SequenceClassifier(PyroModule):
         for name, value in sizes.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if num_classes < 2:
+            raise ValueError(f"num_classes must be >= 2, got {num_classes}")
+        if weight_prior is not None and not isinstance(weight_prior, priors.Normal):
+            raise TypeError(
+                f"weight_prior must be a priors.Normal or None, got {type(weight_prior).__name__}"
+            )
+        if attention_prior is not None and not isinstance(attention_prior, priors.LogitScalePrior):
+            raise TypeError(
+                "attention_prior must be a priors.LogitScalePrior or None, got "
+                f"{type(attention_prior).__name__}"
+            )
         if pooling not in ("mean", "cls"):
             raise ValueError(f"pooling must be 'mean' or 'cls', got {pooling!r}")
         if not 0.0 <= dropout < 1.0:

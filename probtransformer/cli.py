@@ -46,12 +46,15 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from probtransformer._io import replace_directory
+
 PROG = "probtransformer"
 METRICS_FILE = "metrics.json"
 INFERENCE_DATA_FILE = "inference_data.nc"
 POSTERIOR_DIR = "posterior"
 ATTENTION_FILE = "attention.png"
 RELIABILITY_FILE = "reliability.png"
+RUN_FILES = (METRICS_FILE, INFERENCE_DATA_FILE, POSTERIOR_DIR, ATTENTION_FILE, RELIABILITY_FILE)
 ECE_BINS = 15  # equal-width bins of the reported ECE and the reliability diagram
 INFERENCE_GUIDES = {"svi": None, "map": "delta"}  # None: the guide is --guide's (or fit_svi's)
 
@@ -233,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="posterior predictive of a run for new sequences, as CSV",
         description="Predict with a run's posterior. --input is a .npy array of shape "
         "(N, T, F) or a .csv file with one flattened sequence (T*F values, step by step) per "
-        "row, optionally under a non-numeric header row.",
+        "row, optionally under a header row (non-numeric, or pandas' 0,1,...,T*F-1).",
         formatter_class=functools.partial(_LibraryDefaultsFormatter, sources=("predict",)),
     )
     predict.set_defaults(handler=_predict)
@@ -373,6 +376,12 @@ def _check_out(target: Path) -> None:
             raise CLIError(
                 f"--out {target} exists and is not a {PROG} run directory; refusing to replace it"
             )
+        others = sorted({p.name for p in target.iterdir()} - set(RUN_FILES))
+        if others:
+            raise CLIError(
+                f"--out {target} holds files that {PROG} did not write ({', '.join(others[:3])})"
+                "; move them or choose another --out"
+            )
     ancestor = target.absolute().parent
     while not ancestor.exists():
         ancestor = ancestor.parent
@@ -385,9 +394,12 @@ def _write_run(target: Path, post, splits, probs, record: dict, draws: dict) -> 
     from probtransformer import plots
 
     target = target.absolute()
-    target.parent.mkdir(parents=True, exist_ok=True)
     staging = target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.tmp")
-    staging.mkdir()  # not mkdtemp: the run directory gets the usual (umask) permissions
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging.mkdir()  # not mkdtemp: the run directory gets the usual (umask) permissions
+    except OSError as e:
+        raise CLIError(f"cannot write --out {target}: {e.strerror or e}") from e
     try:
         test = splits.test
         idata = post.to_inference_data(splits.train, test=test, **draws)
@@ -402,25 +414,13 @@ def _write_run(target: Path, post, splits, probs, record: dict, draws: dict) -> 
         )
         plots.save_figure(reliability, staging / RELIABILITY_FILE)
         (staging / METRICS_FILE).write_text(json.dumps(record, indent=1) + "\n")
-        _replace(staging, target)
+        replace_directory(staging, target)
+    except OSError as e:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise CLIError(f"cannot write --out {target}: {e.strerror or e}") from e
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-
-
-def _replace(staging: Path, target: Path) -> None:
-    """Rename ``staging`` to ``target``; an existing ``target`` is removed only afterwards."""
-    if not target.exists():
-        staging.rename(target)
-        return
-    old = staging.with_name(staging.name + ".old")
-    target.rename(old)
-    try:
-        staging.rename(target)
-    except BaseException:
-        old.rename(target)
-        raise
-    shutil.rmtree(old)
 
 
 def _print_metrics(target: Path, record: dict) -> None:
@@ -480,7 +480,11 @@ def _diagnose(args: argparse.Namespace) -> None:
     train = datasets.load(
         record["dataset"], seed=record["seed"], **_given(val_fraction=record.get("val_fraction"))
     ).train
-    post.diagnose(train, **_given(num_samples=args.num_samples))
+    from probtransformer.inference.diagnostics import format_table
+
+    table = post.diagnose(train, verbose=False, **_given(num_samples=args.num_samples))
+    print(format_table(table))
+    print("\n".join(table.attrs["verdict"]))
 
 
 def _predict(args: argparse.Namespace) -> None:
@@ -500,8 +504,11 @@ def _predict(args: argparse.Namespace) -> None:
     frame = pred.to_dataframe(record.get("class_names"))
     if args.output is None:
         frame.to_csv(sys.stdout, index=False)
-    else:
+        return
+    try:
         frame.to_csv(args.output, index=False)
+    except OSError as e:
+        raise CLIError(f"cannot write --output {args.output}: {e.strerror or e}") from e
 
 
 def _read_npy(path: Path, in_features: int) -> np.ndarray:
@@ -514,8 +521,11 @@ def _read_npy(path: Path, in_features: int) -> np.ndarray:
         x = np.load(path, allow_pickle=False)
     except (ValueError, OSError, EOFError) as e:
         raise CLIError(f"cannot read {path} as a .npy array: {e}") from None
-    if not isinstance(x, np.ndarray) or x.dtype.kind not in "biuf":
-        raise CLIError(f"{path} must hold a numeric array, got dtype {getattr(x, 'dtype', x)}")
+    if not isinstance(x, np.ndarray) or x.dtype.kind != "f":
+        raise CLIError(
+            f"{path} must hold floating-point features (as the model was trained on), got dtype "
+            f"{getattr(x, 'dtype', type(x).__name__)}"
+        )
     if x.ndim != 3 or x.shape[2] != in_features or 0 in x.shape:
         raise CLIError(
             f"{path} must hold an array of shape (N, T, F={in_features}) with N, T >= 1, "
@@ -528,7 +538,8 @@ def _read_csv(path: Path, max_len: int, in_features: int) -> np.ndarray:
     """Read inputs from a CSV file with one flattened sequence of T*F values per row.
 
     Values run step by step (row-major over (T, F)); T is the model's max_len. A first row
-    with no numeric cell is a header and skipped; blank lines are skipped.
+    with no numeric cell, or with pandas' default column names ``0,1,...,T*F-1`` (what
+    ``DataFrame.to_csv(index=False)`` writes), is a header and skipped; blank lines are skipped.
 
     Returns:
         float32 array of shape (N, max_len, in_features).
@@ -543,8 +554,8 @@ def _read_csv(path: Path, max_len: int, in_features: int) -> np.ndarray:
         for line, cells in enumerate(csv.reader(f), start=1):
             if not any(cell.strip() for cell in cells):
                 continue
-            if line == 1 and not any(_is_number(cell) for cell in cells):
-                continue  # header row
+            if line == 1 and _is_header(cells):
+                continue
             if len(cells) != width:
                 raise CLIError(
                     f"{path} line {line}: expected {width} columns (T*F = {max_len}*{in_features})"
@@ -555,6 +566,13 @@ def _read_csv(path: Path, max_len: int, in_features: int) -> np.ndarray:
         raise CLIError(f"{path} holds no data rows")
     x = np.asarray(rows, dtype=np.float32).reshape(len(rows), max_len, in_features)
     return _finite(x, path)
+
+
+def _is_header(cells: list[str]) -> bool:
+    """A first row with no number, or pandas' default column names ``0,1,...,W-1``."""
+    if not any(_is_number(cell) for cell in cells):
+        return True
+    return [cell.strip() for cell in cells] == [str(i) for i in range(len(cells))]
 
 
 def _is_number(text: str) -> bool:

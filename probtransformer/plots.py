@@ -85,7 +85,8 @@ def reliability_figure(
     """Reliability diagram (Guo et al. 2017) over a histogram of top-class confidence.
 
     Top: accuracy per equal-width confidence bin as bars against the diagonal of perfect
-    calibration; the title gives the ECE. Bottom: number of examples per bin.
+    calibration, each bar labelled with its number of examples (a bar of 2 examples says
+    little); the title gives the ECE. Bottom: number of examples per bin on a log scale.
 
     Args:
         probs: (N, C) class probabilities, rows summing to 1.
@@ -106,15 +107,18 @@ def reliability_figure(
 
     fig = Figure(figsize=(4.5, 5.5), layout="constrained")
     diagram, histogram = fig.subplots(2, 1, sharex=True, height_ratios=(3, 1))
-    diagram.bar(left, accuracy, width=width, align="edge", edgecolor="black", label="accuracy")
-    diagram.plot([0, 1], [0, 1], linestyle="--", color="gray", label="perfect calibration")
-    diagram.set(xlim=(0, 1), ylim=(0, 1), ylabel="accuracy")
-    diagram.legend(loc="upper left")
+    diagram.bar(left, accuracy, width=width, align="edge", edgecolor="black")
+    diagram.plot([0, 1], [0, 1], linestyle="--", color="gray")  # perfect calibration
+    diagram.set(xlim=(0, 1), ylim=(0, 1.08), ylabel="accuracy (dashed: perfect calibration)")
+    for x, acc, count in zip(left, accuracy, curve["count"], strict=True):
+        if count:
+            diagram.annotate(f"{count}", (x + width / 2, acc), ha="center", va="bottom", fontsize=6)
     prefix = f"{title}: " if title else ""
     diagram.set_title(f"{prefix}ECE = {ece_value:.3f} ({n_bins} bins)")
 
     histogram.bar(left, curve["count"], width=width, align="edge", edgecolor="black")
     histogram.set(xlabel="confidence (top-class probability)", ylabel="count")
+    histogram.set_yscale("log")
     return fig
 
 

@@ -295,11 +295,12 @@ def test_diagnose_without_data_has_one_row_per_latent_site(small_posterior, caps
     assert (table["mean_sd"] > 0).all()
     assert table["r_hat_max"].isna().all()  # one SVI chain: no R-hat
     verdict = table.attrs["verdict"]
-    assert verdict[0].startswith("method: svi, 1 chain(s)")
+    assert verdict[0].startswith("verdict (svi, 1 chain(s)")
+    assert any(line.startswith("n/a   R-hat and ESS") for line in verdict)
     assert any("ELBO" in line for line in verdict)
     assert not any("LOO" in line for line in verdict)
     printed = capsys.readouterr().out
-    assert "head.weight" in printed and "ELBO" in printed
+    assert "ELBO" in printed and "head.weight" not in printed  # the table is returned
 
 
 def test_diagnose_with_data_adds_attention_and_loo(small_posterior, digits):
@@ -309,3 +310,49 @@ def test_diagnose_with_data_adds_attention_and_loo(small_posterior, digits):
     loo = table.attrs["loo"]
     assert loo["n"] == 40 and math.isfinite(loo["elpd_loo"]) and loo["elpd_loo"] < 0
     assert any("LOO: elpd_loo" in line for line in table.attrs["verdict"])
+
+
+# -- inputs that look valid but are not -------------------------------------------------------
+
+
+def test_all_padding_sequences_are_rejected(small_posterior, x):
+    mask = torch.ones(len(x), 8, dtype=torch.bool)
+    mask[3] = False
+    with pytest.raises(ValueError, match=r"mask marks every step of sequence\(s\) 3 as padding"):
+        small_posterior.predict(x, mask)
+
+
+def test_inputs_far_outside_the_training_range_warn(small_posterior, x):
+    with pytest.warns(UserWarning, match=r"training features spanned \[0, 1\]"):
+        small_posterior.predict(x * 16, num_samples=2)  # raw 0-16 pixels instead of [0, 1]
+
+
+def test_non_finite_model_outputs_raise_a_clear_error(small_posterior, x):
+    with pytest.warns(UserWarning), pytest.raises(ValueError, match="outputs are not finite"):
+        small_posterior.predict(x * 1e30, num_samples=2)
+
+
+def test_export_and_diagnose_reject_tensors_for_data(small_posterior, digits):
+    with pytest.raises(TypeError, match="data must be a probtransformer.datasets.SequenceData"):
+        small_posterior.to_inference_data(digits.train.x)
+    with pytest.raises(TypeError, match="test must be"):
+        small_posterior.to_inference_data(digits.train[:8], test=digits)
+    with pytest.raises(TypeError, match="data must be"):
+        small_posterior.diagnose(digits.train.x)
+
+
+def test_plot_index_must_be_an_int(small_posterior, masked):
+    att = small_posterior.attention(*masked, num_samples=2)
+    with pytest.raises(TypeError, match="i must be an int"):
+        att.plot("a")
+    with pytest.raises(TypeError, match="i must be an int"):
+        att.plot(0.5)
+
+
+def test_reprs_are_short(small_posterior, prediction, masked):
+    att = small_posterior.attention(*masked, num_samples=2)
+    assert repr(prediction).startswith(f"Prediction(draws={S}, n=") and len(repr(prediction)) < 150
+    assert repr(att) == (
+        "PosteriorAttention(module='encoder.self', chains=1, draws=2, n=6, layers=1, heads=2, "
+        "query=8, key=8)"
+    )

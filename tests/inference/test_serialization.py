@@ -1,4 +1,5 @@
 import json
+import shutil
 
 import pyro
 import pytest
@@ -106,4 +107,57 @@ def test_unknown_model_class_is_rejected(saved, tmp_path):
     (copy / "posterior.json").write_text(json.dumps(meta))
     (copy / "tensors.pt").write_bytes((saved / "tensors.pt").read_bytes())
     with pytest.raises(ValueError, match="NoSuchModel"):
+        load_posterior(copy)
+
+
+@pytest.mark.parametrize("where", ["", ".", "folder"])
+def test_save_never_deletes_files_it_did_not_write(small_posterior, tmp_path, monkeypatch, where):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "folder").mkdir()
+    own = [tmp_path / "notes.txt", tmp_path / "folder" / "paper.tex"]
+    for path in own:
+        path.write_text("the user's work")
+    with pytest.raises(ValueError, match="refusing to replace"):
+        small_posterior.save(where)
+    assert all(path.read_text() == "the user's work" for path in own)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "notes.txt"]  # no staging
+
+
+def test_save_rejects_a_file_and_a_non_path(small_posterior, tmp_path):
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(ValueError, match="is a file"):
+        small_posterior.save(tmp_path / "a_file")
+    with pytest.raises(TypeError, match="path must be a str"):
+        small_posterior.save(None)
+    with pytest.raises(TypeError, match="path must be a str"):
+        load_posterior(None)
+
+
+def test_unwritable_target_names_the_target(small_posterior):
+    with pytest.raises(OSError, match="cannot save the posterior to /proc/nope"):
+        small_posterior.save("/proc/nope")
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
+@pytest.mark.parametrize("damage", ["bad_json", "truncated", "garbage", "other_model"])
+def test_damaged_posteriors_raise_value_error(saved, small_posterior, tmp_path, digits, damage):
+    copy = tmp_path / "copy"
+    shutil.copytree(saved, copy)
+    if damage == "bad_json":
+        (copy / "posterior.json").write_text("{not json")
+    elif damage == "truncated":
+        data = (copy / "tensors.pt").read_bytes()
+        (copy / "tensors.pt").write_bytes(data[: len(data) // 2])
+    elif damage == "garbage":
+        (copy / "tensors.pt").write_bytes(b"\x80\x04garbage" * 10)
+    else:  # tensors of a model of another size under this posterior.json
+        other = fit_svi(
+            SequenceClassifier(8, 10, 8, d_model=8, num_heads=2, num_layers=1, d_ff=16),
+            digits.train[:64],
+            num_steps=2,
+            progress=False,
+        )
+        other.save(tmp_path / "other")
+        shutil.copy(tmp_path / "other" / "tensors.pt", copy / "tensors.pt")
+    with pytest.raises(ValueError, match="damaged"):
         load_posterior(copy)

@@ -329,3 +329,21 @@ def test_exploding_learning_rate_raises_non_finite_elbo_error(rows):
     assert 0 <= err.step < 50
     assert err.site is not None
     assert f"step {err.step}" in str(err)
+
+
+def test_all_padding_training_sequences_are_rejected(rows):
+    mask = torch.ones(len(rows), 8, dtype=torch.bool)
+    mask[0] = False
+    with pytest.raises(ValueError, match="as padding"):
+        fit_svi(_tiny(), SequenceData(rows.x, rows.y, mask), **QUICK)
+
+
+def test_seed_out_of_range_is_named(rows):
+    with pytest.raises(ValueError, match=r"seed must be in \[0, 2\*\*63\)"):
+        fit_svi(_tiny(), rows, seed=2**70, **QUICK)
+
+
+def test_huge_inputs_stop_at_the_first_step_with_the_step_named(rows):
+    with pytest.raises(NonFiniteELBOError, match="at step 0") as info:
+        fit_svi(_tiny(), SequenceData(rows.x * 1e30, rows.y), **QUICK)
+    assert info.value.step == 0

@@ -113,6 +113,22 @@ def test_bad_constructor_arguments_raise(kwargs, word):
         _model(**kwargs)
 
 
+@pytest.mark.parametrize(
+    "kwargs, error, word",
+    [
+        (dict(bayesian=None), TypeError, "bayesian must be a str or an iterable of str"),
+        (dict(bayesian=("attention", 3)), TypeError, "bayesian must be a str"),
+        (dict(weight_prior="normal"), TypeError, "weight_prior must be a priors.Normal"),
+        (dict(attention_prior=1.0), TypeError, "attention_prior must be a priors.LogitScalePrior"),
+        (dict(num_classes=1), ValueError, "num_classes must be >= 2"),
+    ],
+)
+def test_constructor_arguments_of_the_wrong_type_are_named(kwargs, error, word):
+    args = dict(in_features=8, num_classes=10, max_len=8, **SIZES) | kwargs
+    with pytest.raises(error, match=word):
+        SequenceClassifier(**args)
+
+
 # -- forward ---------------------------------------------------------------------------------
 
 

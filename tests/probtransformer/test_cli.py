@@ -146,8 +146,11 @@ def test_map_fit_uses_default_out_and_replaces_a_previous_run(tmp_path, monkeypa
     previous = tmp_path / "runs" / "digits-map"
     (previous / "posterior").mkdir(parents=True)
     (previous / "metrics.json").write_text("{}")
-    (previous / "stale.txt").write_text("from an earlier run")
+    (previous / "notes.txt").write_text("the user's own file")
     fast = [a if a != "30" else "5" for a in TINY]
+    assert main(["fit", "--inference", "map", *fast]) == 2  # never deletes files it did not write
+    assert "notes.txt" in _one_error_line(capsys)
+    (previous / "notes.txt").unlink()
     assert main(["fit", "--inference", "map", *fast]) == 0
     assert "wrote runs/digits-map" in capsys.readouterr().out
     assert {p.name for p in (tmp_path / "runs").iterdir()} == {"digits-map"}
@@ -168,7 +171,7 @@ def test_diagnose_prints_table_verdict_and_loo(run, capsys, splits):
     assert main(["diagnose", str(run_dir), "--num-samples", "20"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"^head\.weight\s+160\s", out, re.MULTILINE)  # (d_model 16) x (10 classes)
-    assert "method: svi, 1 chain(s) x 20 draws" in out
+    assert "verdict (svi, 1 chain(s) x 20 draws):" in out
     loo = re.search(r"^(ok|WARN)\s+LOO: elpd_loo (-?[\d.]+) .* of (\d+) ", out, re.MULTILINE)
     assert loo, out
     assert int(loo.group(3)) == len(splits.train)  # LOO over the reloaded training split
@@ -307,6 +310,7 @@ def _csv(*rows: list[str]) -> str:
         ("x.npy", np.full((2, T, F), np.nan, np.float32), "128 NaN/inf"),
         ("x.npy", np.zeros((2, T + 1, F), np.float32), "max_len=8"),
         ("x.npy", np.array([{"a": 1}], dtype=object), "cannot read"),
+        ("x.npy", np.zeros((2, T, F), np.int64), "floating-point features"),
         ("x.npy", "not an array\n", "cannot read"),
     ],
 )
@@ -323,11 +327,21 @@ def test_predict_bad_input(name, content, message, run, tmp_path, capsys):
     assert _listing(tmp_path) == before
 
 
-def test_predict_output_in_missing_folder(run, splits, tmp_path, capsys):
+@pytest.mark.parametrize("output", ["no/p.csv", "folder"])
+def test_predict_unwritable_output_names_the_option(output, run, splits, tmp_path, capsys):
+    (tmp_path / "folder").mkdir()
     np.save(tmp_path / "x.npy", splits.test.x[:2].numpy())
     args = ["predict", str(run[0]), "--input", str(tmp_path / "x.npy")]
-    assert main([*args, "--output", str(tmp_path / "no" / "p.csv")]) == 2
-    _one_error_line(capsys)
+    assert main([*args, "--output", str(tmp_path / output)]) == 2
+    assert "cannot write --output" in _one_error_line(capsys)
+
+
+def test_predict_csv_with_pandas_default_header(run, splits, tmp_path):
+    flat = splits.test.x[:5].reshape(5, T * F).numpy()
+    pd.DataFrame(flat).to_csv(tmp_path / "x.csv", index=False)  # header 0,1,...,63
+    args = ["predict", str(run[0]), "--input", str(tmp_path / "x.csv")]
+    assert main([*args, "--output", str(tmp_path / "p.csv")]) == 0
+    assert len(pd.read_csv(tmp_path / "p.csv")) == 5
 
 
 @pytest.mark.parametrize("command", ["diagnose", "predict"])

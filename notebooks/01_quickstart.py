@@ -217,10 +217,10 @@ az.loo(idata)
 
 # %% [markdown]
 # `post.diagnose` collects the checks in one table with one row per latent variable group (not
-# thousands of rows) and prints a verdict: whether the ELBO has levelled off, and the LOO
+# thousands of rows), returns it and prints a verdict: whether the ELBO has levelled off, and the LOO
 # figures with their Pareto-k counts. For MCMC fits it adds R-hat and ESS per group. A `WARN`
 # line says what to look at: an ELBO still changing asks for more `num_steps`, many high Pareto
 # k values for caution with LOO.
 
 # %%
-diagnostics = post.diagnose(train, num_samples=num_samples)
+post.diagnose(train, num_samples=num_samples)

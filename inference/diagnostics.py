@@ -87,7 +87,7 @@ def diagnose(
                 change > ELBO_CHANGE_PER_OBS_MAX,
                 f"ELBO {np.mean(elbo[-max(1, len(elbo) // 10) :]):.1f} nats; it moved "
                 f"{change:.3g} nats per observation over the last tenth of the steps "
-                f"(flag > {ELBO_CHANGE_PER_OBS_MAX}: not converged, fit longer)",
+                f"(flag > {ELBO_CHANGE_PER_OBS_MAX}: not converged, the guide is still moving)",
             )
         )
     if data is not None and idata.posterior.sizes["draw"] * chains < 2:

@@ -217,10 +217,11 @@ az.loo(idata)
 
 # %% [markdown]
 # `post.diagnose` collects the checks in one table with one row per latent variable group (not
-# thousands of rows), returns it and prints a verdict: whether the ELBO has levelled off, and the LOO
-# figures with their Pareto-k counts. For MCMC fits it adds R-hat and ESS per group. A `WARN`
-# line says what to look at: an ELBO still changing means the guide has not converged (for the digits defaults that is deliberate: see `benchmarks/BENCHMARKS.md`), many high Pareto
-# k values for caution with LOO.
+# thousands of rows), returns it and prints a verdict: whether the ELBO has levelled off, and
+# the LOO figures with their Pareto-k counts. For MCMC fits it adds R-hat and ESS per group. A
+# `WARN` line says what to look at: an ELBO still changing means the guide has not converged
+# (for the digits defaults that is deliberate, see `benchmarks/BENCHMARKS.md`), many high
+# Pareto k values call for caution with LOO.
 
 # %%
 post.diagnose(train, num_samples=num_samples)

@@ -28,6 +28,12 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return resolved
 
 
+def is_invalid_parameter_error(error: ValueError) -> bool:
+    """True for the ``ValueError`` torch's distribution validation raises on NaN/inf parameters
+    ("Expected parameter ... but found invalid values"): non-finite numbers, not bad input."""
+    return "invalid values" in str(error)
+
+
 @contextlib.contextmanager
 def pyro_scope() -> Iterator[None]:
     """Run Pyro code in a fresh param store that is discarded afterwards.

@@ -17,7 +17,7 @@ from pyro.nn import PyroModule
 from pyro.poutine.util import site_is_subsample
 
 from probtransformer.datasets import SequenceData
-from probtransformer.inference._runtime import pyro_scope, seeded
+from probtransformer.inference._runtime import is_invalid_parameter_error, pyro_scope, seeded
 from probtransformer.inference.prediction import PosteriorAttention, Prediction
 
 #: Rows per vectorized forward pass in ``predict``/``attention``/``log_likelihood``.
@@ -176,8 +176,8 @@ class Posterior:
                 try:
                     with pyro.plate("_draws", num, dim=-2):  # dim -1: the model's data plate
                         trace = poutine.trace(model).get_trace(*args)
-                except ValueError as e:  # distribution validation rejecting NaN outputs
-                    if "invalid values" not in str(e):
+                except ValueError as e:
+                    if not is_invalid_parameter_error(e):
                         raise
                     raise ValueError(
                         f"the model's outputs are not finite for input rows {rows.start} to "

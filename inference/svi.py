@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 
 from probtransformer.datasets import SequenceData
 from probtransformer.inference._runtime import (
+    is_invalid_parameter_error,
     pyro_scope,
     reinitialised_copy,
     resolve_device,
@@ -132,8 +133,8 @@ def fit_svi(
         def loss_at(step: int, args: tuple) -> torch.Tensor:
             try:
                 return loss_fn(*args, num_data=n)
-            except ValueError as e:  # distribution validation rejecting NaN parameters
-                if "invalid values" not in str(e):
+            except ValueError as e:
+                if not is_invalid_parameter_error(e):
                     raise
                 raise _non_finite(model, autoguide, args, n, step, math.nan) from e
 

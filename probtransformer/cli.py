@@ -366,17 +366,19 @@ def _check_out(target: Path) -> None:
     """Fail before fitting when ``target`` cannot become the run directory.
 
     Raises:
-        CLIError: ``target`` is a file or a non-empty directory that is not a run directory
-            (never replaced), or its nearest existing parent is not a writable directory.
+        CLIError: ``target`` is a file, a non-empty directory that is not a run directory, or a
+            run directory holding other files (never replaced); or its nearest existing parent
+            is not a writable directory.
     """
     if target.exists() or target.is_symlink():
         if not target.is_dir():
             raise CLIError(f"--out {target} exists and is not a directory")
-        if any(target.iterdir()) and not _is_run_dir(target):
+        names = {p.name for p in target.iterdir()}
+        if names and not _is_run_dir(target):
             raise CLIError(
                 f"--out {target} exists and is not a {PROG} run directory; refusing to replace it"
             )
-        others = sorted({p.name for p in target.iterdir()} - set(RUN_FILES))
+        others = sorted(names - set(RUN_FILES))
         if others:
             raise CLIError(
                 f"--out {target} holds files that {PROG} did not write ({', '.join(others[:3])})"

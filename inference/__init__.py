@@ -1,7 +1,12 @@
 """Inference for Bayesian Transformers: fits that return one ``Posterior``."""
 
+from probtransformer.inference.mcmc import fit_mcmc
 from probtransformer.inference.posterior import Posterior
-from probtransformer.inference.prediction import PosteriorAttention, Prediction
+from probtransformer.inference.prediction import (
+    PosteriorAttention,
+    Prediction,
+    RegressionPrediction,
+)
 from probtransformer.inference.serialization import FORMAT_VERSION, load_posterior
 from probtransformer.inference.svi import NonFiniteELBOError, fit_svi
 
@@ -11,6 +16,8 @@ __all__ = [
     "Posterior",
     "PosteriorAttention",
     "Prediction",
+    "RegressionPrediction",
+    "fit_mcmc",
     "fit_svi",
     "load_posterior",
 ]

@@ -19,3 +19,11 @@ def hdi(samples: torch.Tensor, prob: float) -> tuple[torch.Tensor, torch.Tensor]
     lower = torch.from_numpy(np.ascontiguousarray(interval[..., 0]))
     upper = torch.from_numpy(np.ascontiguousarray(interval[..., 1]))
     return lower, upper
+
+
+def pareto_khat(log_weights: torch.Tensor) -> float:
+    """Pareto k̂ of the tail of importance weights (PSIS, Vehtari et al. 2024), via ArviZ."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ArviZ warns when k̂ > 0.7; the caller reports it
+        _, k_hat = az.psislw(log_weights.detach().cpu().double().numpy())
+    return float(k_hat)

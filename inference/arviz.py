@@ -36,7 +36,7 @@ def to_inference_data(
     *,
     test: SequenceData | None = None,
     attention_obs: int = 4,
-    num_samples: int = 100,
+    num_samples: int | None = None,
     seed: int = 0,
 ) -> az.InferenceData:
     """Export ``posterior`` with ArviZ's group layout.
@@ -79,9 +79,9 @@ def to_inference_data(
     if test is not None:
         _, predicted = posterior.pointwise(test, num_samples=num_samples, seed=seed)
         groups["predictions"] = {site: _numpy(predicted)}
-    stats = posterior.record.get("sample_stats")
+    stats = posterior.sample_stats(num_samples)
     if stats:
-        groups["sample_stats"] = {k: _numpy(torch.as_tensor(v)) for k, v in stats.items()}
+        groups["sample_stats"] = {k: _numpy(v) for k, v in stats.items()}
     return az.from_dict(
         **groups,
         dims=dims,

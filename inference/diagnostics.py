@@ -9,20 +9,21 @@ import numpy as np
 import pandas as pd
 
 from probtransformer.datasets import SequenceData
-from probtransformer.inference._arviz import az
+from probtransformer.inference._arviz import az, pareto_khat
 
 #: Thresholds of the verdict (Vehtari et al. 2021 for R-hat/ESS; Vehtari et al. 2024 for k-hat).
 RHAT_MAX = 1.01
 ESS_PER_CHAIN_MIN = 100
 PARETO_K_MAX = 0.7
 ELBO_CHANGE_PER_OBS_MAX = 0.01
+BFMI_MIN = 0.3  # Betancourt 2016
 
 
 def diagnose(
     posterior,
     data: SequenceData | None = None,
     *,
-    num_samples: int = 100,
+    num_samples: int | None = None,
     attention_obs: int = 2,
     seed: int = 0,
     verbose: bool = True,
@@ -31,17 +32,22 @@ def diagnose(
 
     Every latent site is one row (the attention of ``attention_obs`` sequences is one more), with
     its number of scalars, mean posterior sd and, for two or more chains, max R-hat and min
-    bulk/tail ESS (ArviZ). They are NaN for SVI: its draws are independent guide samples, so the
-    ESS equals the number of draws by construction and says nothing about the fit. The
-    verdict adds, for SVI, how much the mean ELBO moved between the last two tenths of the steps
-    in nats per training observation (comparable with a held-out NLL; flagged above
-    ``ELBO_CHANGE_PER_OBS_MAX``) and, with ``data``, PSIS-LOO (Vehtari, Gelman & Gabry 2017) with
-    Pareto-k counts.
+    bulk/tail ESS (ArviZ; rank-normalised, Vehtari et al. 2021). They are NaN for SVI: its draws
+    are independent guide samples, so the ESS equals the number of draws by construction and
+    says nothing about the fit. The verdict flags:
+
+    - MCMC: max R-hat > 1.01, min bulk/tail ESS < 100 per chain, divergent transitions, E-BFMI
+      < 0.3 in any chain (Betancourt 2016), NUTS transitions at ``max_tree_depth``;
+    - SVI: the mean ELBO moving by more than ``ELBO_CHANGE_PER_OBS_MAX`` nats per training
+      observation between the last two tenths of the steps, and (with ``data``) the PSIS k̂ of
+      the guide as an importance proposal above 0.7 (Yao et al. 2018);
+    - both, with ``data``: PSIS-LOO (Vehtari, Gelman & Gabry 2017) with Pareto-k counts.
 
     Args:
         posterior: a ``Posterior``.
         data: training data for LOO and the attention group, or None.
-        num_samples: posterior draws to summarise.
+        num_samples: posterior draws to summarise (None: every draw of a sampled posterior, 100
+            guide draws for SVI).
         attention_obs: sequences whose posterior attention forms the ``attention`` group.
         seed: seeds the draws.
         verbose: print the verdict (the table is returned; ``format_table`` renders it).
@@ -49,7 +55,7 @@ def diagnose(
     Returns:
         DataFrame indexed by variable with columns ``size``, ``mean_sd``, ``r_hat_max``,
         ``ess_bulk_min``, ``ess_tail_min``; ``attrs["verdict"]`` holds the verdict lines and
-        ``attrs["loo"]`` the LOO figures (with ``data``).
+        ``attrs["loo"]`` the LOO figures and ``attrs["guide_k_hat"]`` (SVI) with ``data``.
     """
     if data is not None:
         idata = posterior.to_inference_data(
@@ -57,37 +63,63 @@ def diagnose(
         )
     else:
         draws = posterior.draws(num_samples, seed=seed)
-        idata = az.from_dict(posterior={k: v.cpu().numpy() for k, v in draws.items()})
+        stats = posterior.sample_stats(num_samples)
+        idata = az.from_dict(
+            posterior={k: v.cpu().numpy() for k, v in draws.items()},
+            sample_stats={k: v.numpy() for k, v in stats.items()} or None,
+        )
     table = _variable_table(idata.posterior)
     chains = idata.posterior.sizes["chain"]
+    record = posterior.record
     verdict = [
-        f"verdict ({posterior.record.get('method', '?')}, {chains} chain(s) x "
-        f"{idata.posterior.sizes['draw']} draws):"
+        f"verdict ({record.get('method', '?')}, {chains} chain(s) x "
+        f"{idata.posterior.sizes['draw']} draws"
+        + (", PARTIAL: sampling was interrupted" if record.get("partial") else "")
+        + "):"
     ]
     if chains < 2:
         verdict.append(
-            "n/a   R-hat and ESS need two or more chains (SVI draws are independent samples of "
-            "the fitted guide, not a Markov chain)"
+            "n/a   R-hat and ESS need two or more chains"
+            + (
+                " (SVI draws are independent samples of the fitted guide, not a Markov chain)"
+                if posterior.guide is not None
+                else ""
+            )
         )
     else:
         worst = table["r_hat_max"].max()
-        ess = table["ess_bulk_min"].min()
         verdict.append(_flag(worst > RHAT_MAX, f"max R-hat {worst:.3f} (flag > {RHAT_MAX})"))
-        verdict.append(
-            _flag(
-                ess < ESS_PER_CHAIN_MIN * chains,
-                f"min bulk ESS {ess:.0f} (flag < {ESS_PER_CHAIN_MIN} per chain)",
+        for kind in ("bulk", "tail"):
+            ess = table[f"ess_{kind}_min"].min()
+            verdict.append(
+                _flag(
+                    ess < ESS_PER_CHAIN_MIN * chains,
+                    f"min {kind} ESS {ess:.0f} (flag < {ESS_PER_CHAIN_MIN} per chain)",
+                )
             )
-        )
-    elbo = posterior.record.get("elbo")
+    if "sample_stats" in idata.groups():
+        verdict.extend(_sampler_lines(idata.sample_stats, record))
+    elbo = record.get("elbo")
     if elbo:
-        change = elbo_change_per_obs(elbo, posterior.record["num_data"])
+        change = elbo_change_per_obs(elbo, record["num_data"])
         verdict.append(
             _flag(
                 change > ELBO_CHANGE_PER_OBS_MAX,
                 f"ELBO {np.mean(elbo[-max(1, len(elbo) // 10) :]):.1f} nats; it moved "
                 f"{change:.3g} nats per observation over the last tenth of the steps "
                 f"(flag > {ELBO_CHANGE_PER_OBS_MAX}: not converged, the guide is still moving)",
+            )
+        )
+    if data is not None and posterior.guide is not None and not posterior.is_point_estimate:
+        log_weights = posterior.log_importance_weights(data, num_samples=num_samples, seed=seed)
+        k_hat = pareto_khat(log_weights)
+        table.attrs["guide_k_hat"] = k_hat
+        verdict.append(
+            _flag(
+                k_hat > PARETO_K_MAX,
+                f"PSIS k-hat of the guide as an importance proposal {k_hat:.2f} (flag > "
+                f"{PARETO_K_MAX}: the guide is far from the posterior; trust its uncertainty "
+                "less, or use a richer guide or MCMC)",
             )
         )
     if data is not None and idata.posterior.sizes["draw"] * chains < 2:
@@ -132,6 +164,43 @@ def elbo_change_per_obs(elbo: list[float], num_data: int) -> float:
 
 def _flag(bad: bool, text: str) -> str:
     return ("WARN  " if bad else "ok    ") + text
+
+
+def _sampler_lines(stats, record: dict) -> list[str]:
+    """Verdict lines from MCMC ``sample_stats``: divergences, E-BFMI, tree-depth saturation."""
+    lines = []
+    if "diverging" in stats:
+        divergent = int(stats["diverging"].sum())
+        total = int(stats["diverging"].size)
+        lines.append(
+            _flag(
+                divergent > 0,
+                f"divergent transitions: {divergent} of {total}"
+                + ("; raise target_accept_prob or reparameterise" if divergent else ""),
+            )
+        )
+    if "energy" in stats:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            bfmi = np.atleast_1d(az.bfmi(stats))
+        lines.append(
+            _flag(
+                bool((bfmi < BFMI_MIN).any()),
+                f"E-BFMI per chain {', '.join(f'{b:.2f}' for b in bfmi)} (flag < {BFMI_MIN}: "
+                "momentum resampling explores the energy poorly)",
+            )
+        )
+    if record.get("kernel") == "nuts" and "tree_depth" in stats:
+        limit = record.get("max_tree_depth")
+        saturated = int((stats["tree_depth"] >= limit).sum())
+        lines.append(
+            _flag(
+                saturated > 0,
+                f"transitions at max_tree_depth={limit}: {saturated}"
+                + ("; trajectories were cut short: raise max_tree_depth" if saturated else ""),
+            )
+        )
+    return lines
 
 
 def _variable_table(dataset) -> pd.DataFrame:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 import pyro
+import pyro.distributions as dist
 import torch
 from pyro import poutine
 from pyro.infer.autoguide import AutoDelta, AutoGuide
@@ -18,10 +19,17 @@ from pyro.poutine.util import site_is_subsample
 
 from probtransformer.datasets import SequenceData
 from probtransformer.inference._runtime import is_invalid_parameter_error, pyro_scope, seeded
-from probtransformer.inference.prediction import PosteriorAttention, Prediction
+from probtransformer.inference.prediction import (
+    PosteriorAttention,
+    Prediction,
+    RegressionPrediction,
+)
 
 #: Rows per vectorized forward pass in ``predict``/``attention``/``log_likelihood``.
 DEFAULT_BATCH_SIZE = 256
+
+#: Guide draws when an export or diagnostic is not told how many (sample-based: all draws).
+DEFAULT_NUM_SAMPLES = 100
 
 
 def check_model(model: object) -> None:
@@ -116,11 +124,12 @@ class Posterior:
         """True when every draw is the same (MAP): predictions use one draw."""
         return isinstance(self.guide, AutoDelta) or not self.latent_shapes
 
-    def draws(self, num_samples: int = 100, *, seed: int = 0) -> dict[str, torch.Tensor]:
+    def draws(self, num_samples: int | None = None, *, seed: int = 0) -> dict[str, torch.Tensor]:
         """Posterior draws of every latent site with ``(chain, draw)`` leading dims.
 
-        SVI: one chain of ``num_samples`` fresh guide draws. Sample-based: each chain thinned
-        evenly to ``ceil(num_samples / num_chains)`` draws. Point estimates: one draw.
+        SVI: one chain of ``num_samples`` fresh guide draws (None: ``DEFAULT_NUM_SAMPLES``).
+        Sample-based: each chain thinned evenly to ``ceil(num_samples / num_chains)`` draws
+        (None: every draw). Point estimates: one draw.
 
         Returns:
             ``{site: (chain, draw, *shape)}`` on the model's device.
@@ -128,6 +137,10 @@ class Posterior:
         Raises:
             ValueError: ``num_samples < 1``.
         """
+        if num_samples is None:
+            if self.samples is not None:
+                return dict(self.samples)
+            num_samples = DEFAULT_NUM_SAMPLES
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}")
         if self.is_point_estimate:
@@ -137,14 +150,85 @@ class Posterior:
         with seeded(seed, self.device):
             return {name: v[None] for name, v in self._guide_draws(num_samples).items()}
 
-    def _guide_draws(self, num_samples: int) -> dict[str, torch.Tensor]:
+    def sample_stats(self, num_samples: int | None = None) -> dict[str, torch.Tensor]:
+        """Per-draw sampler statistics ``{name: (chain, draw)}`` of an MCMC posterior, thinned
+        like ``draws(num_samples)`` (ArviZ names: ``diverging``, ``acceptance_rate``,
+        ``step_size``, ``tree_depth``, ``n_steps``, ``energy``, ``lp``); ``{}`` for others."""
+        stats = self.record.get("sample_stats") or {}
+        out = {name: torch.as_tensor(value) for name, value in stats.items()}
+        if num_samples is None or not out:
+            return out
+        return {name: _thin(value, num_samples) for name, value in out.items()}
+
+    def _guide_trace(self, num_samples: int) -> poutine.Trace:
         ex = self.example.to(self.device)
         with pyro_scope(), torch.no_grad(), pyro.plate("_draws", num_samples, dim=-2):
-            trace = poutine.trace(self.guide).get_trace(ex.x, ex.y, ex.mask)
+            return poutine.trace(self.guide).get_trace(ex.x, ex.y, ex.mask)
+
+    def _guide_draws(self, num_samples: int) -> dict[str, torch.Tensor]:
+        trace = self._guide_trace(num_samples)
         return {
             name: trace.nodes[name]["value"].detach().reshape(num_samples, *shape)
             for name, shape in self.latent_shapes.items()
         }
+
+    def log_importance_weights(
+        self,
+        data: SequenceData,
+        *,
+        num_samples: int | None = None,
+        seed: int = 0,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+    ) -> torch.Tensor:
+        """``log p(data, θ_s) − log q(θ_s)`` for ``S`` draws ``θ_s`` of the SVI guide ``q``.
+
+        The weights of the guide as an importance proposal for the posterior; the Pareto k̂ of
+        their tail says whether the guide is close enough to trust (Yao, Vehtari, Simpson &
+        Gelman 2018, "Yes, but did it work?"). Both densities are in the constrained space.
+
+        Args:
+            data: the training data (full, not a mini-batch), with targets.
+            num_samples: guide draws ``S`` (None: ``DEFAULT_NUM_SAMPLES``).
+
+        Returns:
+            ``(S,)`` log weights in nats (CPU, float64).
+
+        Raises:
+            ValueError: a sample-based or point-estimate posterior, or ``data`` without targets.
+        """
+        if self.guide is None or self.is_point_estimate:
+            raise ValueError("importance weights need a non-degenerate SVI guide")
+        check_data(data)
+        if data.y is None:
+            raise ValueError("data.y is None: the importance weights need observed targets")
+        num = DEFAULT_NUM_SAMPLES if num_samples is None else num_samples
+        if isinstance(num, bool) or not isinstance(num, int) or num < 1:
+            raise ValueError(f"num_samples must be an integer >= 1, got {num!r}")
+        x, mask, y = self._inputs(data.x, data.mask, data.y)
+        with seeded(seed, self.device):
+            trace = self._guide_trace(num)
+        log_q = (
+            _sum_log_prob(site for site in trace.nodes.values() if site["type"] == "sample")
+            .reshape(num, -1)
+            .sum(-1)
+        )
+        draws = {
+            name: trace.nodes[name]["value"].detach().reshape(num, *shape)
+            for name, shape in self.latent_shapes.items()
+        }
+
+        def read(model_trace):
+            site = model_trace.nodes[self.model.likelihood_site]
+            latent = (model_trace.nodes[name] for name in self.latent_shapes)
+            return {
+                "log_lik": site["fn"].log_prob(site["value"]).reshape(num, -1),
+                "log_prior": _sum_log_prob(latent).reshape(num, -1).sum(-1, keepdim=True),
+            }
+
+        with seeded(seed, self.device):
+            out = self._run(draws, x, y, mask, read, batch_size)
+        log_joint = out["log_lik"].double().sum(-1) + out["log_prior"][:, 0].double()
+        return log_joint - log_q.double().cpu()
 
     # -- vectorized forward passes ----------------------------------------------------------
 
@@ -216,7 +300,7 @@ class Posterior:
         mask: torch.Tensor | None,
         read: Callable[[poutine.Trace], dict[str, torch.Tensor]],
         *,
-        num_samples: int,
+        num_samples: int | None,
         seed: int,
         batch_size: int,
     ) -> dict[str, torch.Tensor]:
@@ -241,29 +325,33 @@ class Posterior:
         """Posterior predictive for new inputs, from ``num_samples`` draws in one batched pass.
 
         Args:
-            x: ``(N, T, F)`` features (torch or numpy).
+            x: ``(N, T, F)`` features (``(N, P)`` for non-sequence models), torch or numpy.
             mask: ``(N, T)`` bool, True = real step, or None.
             num_samples: posterior draws ``S`` (1 for point estimates).
             seed: seeds the draws; same seed, same numbers.
             batch_size: rows per forward pass (bounds memory).
 
         Returns:
-            ``Prediction`` with ``probs (S, N, C)`` on CPU.
+            Classification (categorical likelihood): ``Prediction`` with ``probs (S, N, C)``.
+            Otherwise ``RegressionPrediction`` with ``samples``, ``loc`` and ``variance``
+            ``(S, N, ...)``. CPU tensors.
 
         Raises:
             TypeError/ValueError: malformed inputs (see the model's ``validate``).
         """
         x, mask, _ = self._inputs(x, mask)
+
+        def read(trace):
+            fn = self._likelihood(trace)
+            if isinstance(fn, (dist.Categorical, torch.distributions.Categorical)):
+                return {"probs": fn.probs}
+            return {"samples": fn.sample(), "loc": fn.mean, "variance": fn.variance}
+
         out = self._evaluate(
-            x,
-            None,
-            mask,
-            lambda tr: {"probs": self._likelihood(tr).probs},
-            num_samples=num_samples,
-            seed=seed,
-            batch_size=batch_size,
+            x, None, mask, read, num_samples=num_samples, seed=seed, batch_size=batch_size
         )
-        return Prediction(probs=out["probs"].flatten(0, 1))
+        out = {k: v.flatten(0, 1) for k, v in out.items()}
+        return Prediction(**out) if "probs" in out else RegressionPrediction(**out)
 
     def attention(
         self,
@@ -310,7 +398,7 @@ class Posterior:
         self,
         data: SequenceData,
         *,
-        num_samples: int = 100,
+        num_samples: int | None = None,
         seed: int = 0,
         batch_size: int = DEFAULT_BATCH_SIZE,
     ) -> torch.Tensor:
@@ -321,7 +409,7 @@ class Posterior:
         self,
         data: SequenceData,
         *,
-        num_samples: int = 100,
+        num_samples: int | None = None,
         seed: int = 0,
         batch_size: int = DEFAULT_BATCH_SIZE,
     ) -> tuple[torch.Tensor | None, torch.Tensor]:
@@ -354,7 +442,7 @@ class Posterior:
         *,
         test: SequenceData | None = None,
         attention_obs: int = 4,
-        num_samples: int = 100,
+        num_samples: int | None = None,
         seed: int = 0,
     ):
         """ArviZ ``InferenceData`` of this posterior (see ``probtransformer.inference.arviz``)."""
@@ -368,7 +456,7 @@ class Posterior:
         self,
         data: SequenceData | None = None,
         *,
-        num_samples: int = 100,
+        num_samples: int | None = None,
         seed: int = 0,
         verbose: bool = True,
     ) -> pd.DataFrame:
@@ -414,6 +502,15 @@ def _warn_out_of_range(x: torch.Tensor, x_range: list[float] | None) -> None:
             UserWarning,
             stacklevel=4,
         )
+
+
+def _sum_log_prob(sites) -> torch.Tensor:
+    """Sum of ``log_prob`` over non-plate sample sites, keeping the draws' batch dims."""
+    total = torch.zeros(())
+    for site in sites:
+        if not site_is_subsample(site):
+            total = total + site["fn"].log_prob(site["value"]).detach().cpu()
+    return total
 
 
 def _thin(value: torch.Tensor, num_samples: int) -> torch.Tensor:

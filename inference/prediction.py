@@ -68,10 +68,7 @@ class Prediction:
         Raises:
             ValueError: ``prob`` not in (0, 1).
         """
-        _check_prob(prob)
-        q = torch.tensor([(1 - prob) / 2, (1 + prob) / 2], dtype=self.probs.dtype)
-        lower, upper = torch.quantile(self.probs, q, dim=0)
-        return lower, upper
+        return _quantiles(self.probs, prob)
 
     def __repr__(self) -> str:
         draws, n, classes = self.probs.shape
@@ -92,6 +89,99 @@ class Prediction:
         frame["aleatoric"] = self.aleatoric.numpy()
         frame["epistemic"] = self.epistemic.numpy()
         return frame
+
+
+@dataclass(frozen=True)
+class RegressionPrediction:
+    """Posterior predictive of a regression model for ``N`` inputs from ``S`` posterior draws.
+
+    The predictive variance splits by the law of total variance into an aleatoric part (the
+    expected noise variance) and an epistemic part (the variance of ``E[y | x, θ]`` over draws).
+
+    Attributes:
+        samples: ``(S, N, ...)`` one draw of ``y`` from each posterior draw's likelihood (CPU).
+        loc: ``(S, N, ...)`` ``E[y | x, θ_s]``, the regression function of each draw.
+        variance: ``(S, N, ...)`` ``Var[y | x, θ_s]``, the noise variance of each draw.
+    """
+
+    samples: torch.Tensor
+    loc: torch.Tensor
+    variance: torch.Tensor
+
+    @property
+    def mean(self) -> torch.Tensor:
+        """``(N, ...)`` posterior predictive mean ``E[y | x, data]``."""
+        return self.loc.mean(0)
+
+    @property
+    def aleatoric(self) -> torch.Tensor:
+        """``(N, ...)`` expected noise variance."""
+        return self.variance.mean(0)
+
+    @property
+    def epistemic(self) -> torch.Tensor:
+        """``(N, ...)`` posterior variance of ``E[y | x, θ]`` (0 for one draw)."""
+        return self.loc.var(0, correction=0)
+
+    @property
+    def std(self) -> torch.Tensor:
+        """``(N, ...)`` predictive standard deviation, ``sqrt(aleatoric + epistemic)``."""
+        return (self.aleatoric + self.epistemic).sqrt()
+
+    def credible_interval(self, prob: float = 0.9) -> tuple[torch.Tensor, torch.Tensor]:
+        """Equal-tailed interval of ``E[y | x, θ]`` over draws (the regression function).
+
+        Returns:
+            ``(lower, upper)``, each ``(N, ...)``.
+
+        Raises:
+            ValueError: ``prob`` not in (0, 1).
+        """
+        return _quantiles(self.loc, prob)
+
+    def predictive_interval(self, prob: float = 0.9) -> tuple[torch.Tensor, torch.Tensor]:
+        """Equal-tailed interval of a new observation ``y`` (noise included), from ``samples``.
+
+        Returns:
+            ``(lower, upper)``, each ``(N, ...)``.
+
+        Raises:
+            ValueError: ``prob`` not in (0, 1).
+        """
+        return _quantiles(self.samples, prob)
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """One row per input: ``mean``, ``std``, ``aleatoric``, ``epistemic`` (variances) and the
+        90% predictive interval ``lower``/``upper`` (``name[j]`` per output for vector targets)."""
+        lower, upper = self.predictive_interval(0.9)
+        columns = dict(
+            mean=self.mean,
+            std=self.std,
+            aleatoric=self.aleatoric,
+            epistemic=self.epistemic,
+            lower=lower,
+            upper=upper,
+        )
+        frame = {}
+        for name, value in columns.items():
+            value = value.reshape(value.shape[0], -1)  # (N, outputs)
+            for j in range(value.shape[1]):
+                frame[name if value.shape[1] == 1 else f"{name}[{j}]"] = value[:, j].numpy()
+        return pd.DataFrame(frame)
+
+    def __repr__(self) -> str:
+        draws, n = self.samples.shape[:2]
+        return (
+            f"RegressionPrediction(draws={draws}, n={n}, mean_std={self.std.mean():.4g}, "
+            f"mean_epistemic_var={self.epistemic.mean():.4g})"
+        )
+
+
+def _quantiles(values: torch.Tensor, prob: float) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_prob(prob)
+    q = torch.tensor([(1 - prob) / 2, (1 + prob) / 2], dtype=values.dtype)
+    lower, upper = torch.quantile(values, q, dim=0)
+    return lower, upper
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,400 @@
+"""Hamiltonian Monte Carlo (HMC, NUTS) on Pyro's kernels, with per-draw sampler statistics."""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+
+import pyro
+import torch
+from pyro import poutine
+from pyro.infer.autoguide.initialization import InitMessenger, init_to_uniform
+from pyro.infer.mcmc import HMC, MCMC, NUTS
+from pyro.infer.mcmc.util import initialize_model
+
+from probtransformer.datasets import SequenceData
+from probtransformer.inference._runtime import (
+    pyro_scope,
+    reinitialised_copy,
+    resolve_device,
+    seeded,
+)
+from probtransformer.inference.posterior import Posterior, check_model, example_of
+from probtransformer.inference.svi import _check_data, _check_positive_int, fit_svi
+
+#: Kernels accepted by ``fit_mcmc(kernel=...)``.
+KERNELS = ("nuts", "hmc")
+
+#: Per-draw statistics under ArviZ's ``sample_stats`` names.
+SAMPLE_STATS = (
+    "diverging",
+    "acceptance_rate",
+    "step_size",
+    "tree_depth",
+    "n_steps",
+    "energy",
+    "lp",
+)
+
+
+class _SampleStats:
+    """Mixin for Pyro's ``HMC``/``NUTS`` that records one set of statistics per kept draw.
+
+    Pyro keeps the energy, tree depth and per-transition acceptance probability in locals of
+    ``sample``; they are recovered here from the kernel's hooks (``_sample_r`` sees the start of
+    each transition, ``_build_tree`` every top-level doubling) and returned by ``diagnostics()``
+    under ``"sample_stats"``, which Pyro sends back from worker processes too.
+
+    ``energy`` is the Hamiltonian at the start of the transition (after the momentum refresh),
+    the quantity E-BFMI is defined on (Betancourt 2016); ``lp`` is minus the potential energy of
+    the kept draw (log density in the unconstrained space, Jacobians included, as Stan's lp__).
+    """
+
+    def setup(self, warmup_steps, *args, **kwargs):
+        self.draw_stats: list[dict] = []
+        super().setup(warmup_steps, *args, **kwargs)
+
+    def _sample_r(self, name):
+        r, r_unscaled = super()._sample_r(name)
+        _, potential_energy, _ = self._fetch_from_cache()
+        if potential_energy is not None:
+            self._energy = float(self._kinetic_energy(r_unscaled) + potential_energy)
+        return r, r_unscaled
+
+    def sample(self, params):
+        previous_mean = self._mean_accept_prob
+        divergences = len(self._divergences)
+        step_size = float(self.step_size)
+        self._energy = math.nan
+        self._trees: list = []
+        z = super().sample(params)
+        n = self._t - self._warmup_steps if self._t > self._warmup_steps else self._t
+        # Pyro keeps a running mean of the acceptance probability; invert one update of it.
+        accept = self._mean_accept_prob * n - previous_mean * (n - 1)
+        _, potential_energy, _ = self._fetch_from_cache()
+        if self._trees:  # NUTS: the doubling loop's tree_depth and leapfrog count
+            last = self._trees[-1]
+            depth = len(self._trees) - int(bool(last.diverging or last.turning))
+            n_steps = sum(int(tree.num_proposals) for tree in self._trees)
+        else:  # HMC: a fixed trajectory
+            depth, n_steps = 0, int(self.num_steps)
+        if self._t > self._warmup_steps:
+            self.draw_stats.append(
+                dict(
+                    diverging=len(self._divergences) > divergences,
+                    acceptance_rate=min(max(accept, 0.0), 1.0),
+                    step_size=step_size,
+                    tree_depth=depth,
+                    n_steps=n_steps,
+                    energy=self._energy,
+                    lp=-float(potential_energy) if potential_energy is not None else math.nan,
+                )
+            )
+        return z
+
+    def diagnostics(self):
+        return {**super().diagnostics(), "sample_stats": _columns(self.draw_stats)}
+
+
+def _columns(draw_stats: list[dict]) -> dict[str, list]:
+    return {k: [d[k] for d in draw_stats] for k in SAMPLE_STATS}
+
+
+class RecordingHMC(_SampleStats, HMC):
+    """Pyro's ``HMC`` that also reports per-draw ``sample_stats`` (see ``_SampleStats``)."""
+
+
+class RecordingNUTS(_SampleStats, NUTS):
+    """Pyro's ``NUTS`` that also reports per-draw ``sample_stats`` (see ``_SampleStats``)."""
+
+    _nesting = 0
+
+    def _build_tree(self, *args, **kwargs):
+        self._nesting += 1
+        try:
+            tree = super()._build_tree(*args, **kwargs)
+        finally:
+            self._nesting -= 1
+        if self._nesting == 0:  # a top-level doubling of the trajectory
+            self._trees.append(tree)
+        return tree
+
+
+def fit_mcmc(
+    model: torch.nn.Module,
+    data: SequenceData,
+    *,
+    kernel: str = "nuts",
+    num_chains: int = 4,
+    num_warmup: int = 200,
+    num_samples: int = 200,
+    target_accept_prob: float = 0.8,
+    max_tree_depth: int = 10,
+    step_size: float = 1.0,
+    num_steps: int | None = None,
+    full_mass: bool = False,
+    jit_compile: bool = False,
+    map_steps: int = 1000,
+    device: str | torch.device = "auto",
+    seed: int = 0,
+    progress: bool = True,
+) -> Posterior:
+    """Sample the posterior of ``model`` given ``data`` by HMC or NUTS (Pyro's kernels).
+
+    NUTS (Hoffman & Gelman 2014) with multinomial sampling and Stan-style windowed adaptation of
+    the step size (dual averaging to ``target_accept_prob``) and of a diagonal (or, with
+    ``full_mass``, dense) mass matrix during ``num_warmup``; HMC (Neal 2011) uses ``num_steps``
+    leapfrog steps per transition (default: Pyro's trajectory length 2π). Chains start from
+    independent uniform draws in (-2, 2) of the unconstrained space (Stan's default). They run
+    in parallel processes when the machine has more than ``num_chains`` cores (Pyro keeps one for
+    the main process) and one after another otherwise; CUDA chains use a ``spawn`` context.
+
+    The model runs in eval mode (dropout off: the target density must be deterministic) on the
+    full data set. Its point-estimate parameters (plain ``nn.Parameter``s, the parts that are not
+    Bayesian) are first fitted by MAP (``fit_svi(guide="delta")`` for ``map_steps`` steps), then
+    frozen; ``record["point_estimates"]`` says which and how. Ctrl-C stops sampling and returns
+    the draws so far as a Posterior with ``record["partial"] = True`` (chains cut to a common
+    length).
+
+    Args:
+        model: a ``PyroModule`` following the model protocol (DESIGN.md).
+        data: training split; ``data.y`` required.
+        kernel: ``"nuts"`` or ``"hmc"``.
+        num_chains: independent chains (>= 1; R-hat needs >= 2).
+        num_warmup: adaptation transitions per chain, discarded (>= 0).
+        num_samples: kept draws per chain (>= 1).
+        target_accept_prob: step-size adaptation target in (0, 1).
+        max_tree_depth: NUTS doublings per transition at most.
+        step_size: initial step size (adapted during warmup).
+        num_steps: HMC leapfrog steps per transition (None: trajectory length 2π).
+        full_mass: adapt a dense mass matrix instead of a diagonal one.
+        jit_compile: trace the potential energy with the PyTorch JIT.
+        map_steps: MAP steps for the point-estimate parameters (unused when there are none).
+        device: ``"auto"``, ``"cpu"``, ``"cuda"`` ...; CPU data is moved there.
+        seed: seeds initialisation, MAP and sampling; same seed, same draws on one machine.
+        progress: show Pyro's progress bar per chain.
+
+    Returns:
+        A ``Posterior`` holding ``samples = {site: (chain, draw, *shape)}``; ``record`` holds the
+        settings, ``seconds``, ``sample_stats`` (``diverging``, ``acceptance_rate``,
+        ``step_size``, ``tree_depth``, ``n_steps``, ``energy``, ``lp`` per chain and draw;
+        ArviZ's names) and ``partial``.
+
+    Raises:
+        TypeError/ValueError: bad model, data or settings; data on a device other than
+            ``device``; initial parameters with a non-finite log density (names the site).
+    """
+    check_model(model)
+    _check_data(model, data)
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    _check_positive_int("num_chains", num_chains)
+    _check_positive_int("num_samples", num_samples)
+    _check_positive_int("max_tree_depth", max_tree_depth)
+    if isinstance(num_warmup, bool) or not isinstance(num_warmup, int) or num_warmup < 0:
+        raise ValueError(f"num_warmup must be an integer >= 0, got {num_warmup!r}")
+    if isinstance(map_steps, bool) or not isinstance(map_steps, int) or map_steps < 0:
+        raise ValueError(f"map_steps must be an integer >= 0, got {map_steps!r}")
+    if num_steps is not None:
+        _check_positive_int("num_steps", num_steps)
+    if not (isinstance(target_accept_prob, float) and 0 < target_accept_prob < 1):
+        raise ValueError(
+            f"target_accept_prob must be a float in (0, 1), got {target_accept_prob!r}"
+        )
+    if not (isinstance(step_size, (int, float)) and math.isfinite(step_size) and step_size > 0):
+        raise ValueError(f"step_size must be a finite number > 0, got {step_size!r}")
+    device = resolve_device(device)
+    if data.x.device.type != "cpu" and data.x.device != device:
+        raise ValueError(
+            f"data is on {data.x.device} but device={str(device)!r} was requested: move the data "
+            "to the CPU (or to that device) first"
+        )
+
+    start = time.perf_counter()
+    model = reinitialised_copy(model, seed, device)
+    point_estimates = _fit_point_estimates(model, data, map_steps, device, seed, progress)
+    if point_estimates is not None:
+        model = point_estimates.pop("model")
+    model.eval()  # dropout off: HMC needs a deterministic density
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+    train = data.to(device)
+    args = (train.x, train.y, train.mask)
+
+    with pyro_scope(), seeded(seed, device):
+        transforms = _check_initial_density(model, args)
+        common = dict(
+            step_size=step_size,
+            adapt_step_size=True,
+            adapt_mass_matrix=True,
+            full_mass=full_mass,
+            target_accept_prob=target_accept_prob,
+            jit_compile=jit_compile,
+            ignore_jit_warnings=True,
+            init_strategy=init_to_uniform,
+        )
+        if kernel == "nuts":
+            sampler = RecordingNUTS(model, max_tree_depth=max_tree_depth, **common)
+        else:
+            length = None if num_steps is not None else 2 * math.pi
+            sampler = RecordingHMC(model, num_steps=num_steps, trajectory_length=length, **common)
+        partial = False
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="num_chains=.*Chains will be drawn")
+            mcmc = MCMC(
+                sampler,
+                num_samples=num_samples,
+                warmup_steps=num_warmup,
+                num_chains=num_chains,
+                mp_context="spawn" if device.type == "cuda" else None,
+                disable_progbar=not progress,
+            )
+            received = _Recorder(mcmc.sampler)
+            try:
+                mcmc.run(*args)
+            except KeyboardInterrupt:
+                partial = True
+                mcmc.sampler.terminate(True)
+    samples, stats = received.collect(sampler, transforms, num_samples)
+    if not samples:
+        raise KeyboardInterrupt("fit_mcmc was interrupted before the first draw was kept")
+    record = dict(
+        method="mcmc",
+        kernel=kernel,
+        num_chains=num_chains,
+        num_warmup=num_warmup,
+        num_samples=num_samples,
+        target_accept_prob=target_accept_prob,
+        max_tree_depth=max_tree_depth,
+        num_steps=num_steps,
+        full_mass=full_mass,
+        jit_compile=jit_compile,
+        parallel=type(mcmc.sampler).__name__ == "_MultiSampler",
+        seed=seed,
+        num_data=len(train),
+        x_range=[float(train.x.min()), float(train.x.max())],
+        point_estimates=point_estimates,
+        partial=partial,
+        seconds=time.perf_counter() - start,
+        sample_stats=stats,
+    )
+    return Posterior(model, samples=samples, record=record, example=example_of(train))
+
+
+def _fit_point_estimates(model, data, map_steps, device, seed, progress) -> dict | None:
+    """MAP-fit the model's plain parameters (the non-Bayesian parts); None when it has none."""
+    names = [name for name, p in model.named_parameters() if p.requires_grad]
+    if not names:
+        return None
+    if map_steps == 0:
+        raise ValueError(
+            f"the model has point-estimate parameters ({', '.join(names[:3])}"
+            f"{', ...' if len(names) > 3 else ''}) and map_steps=0: HMC would leave them at "
+            "their random initialisation; give map_steps > 0 or make every part Bayesian"
+        )
+    fitted = fit_svi(
+        model,
+        data,
+        guide="delta",
+        num_steps=map_steps,
+        device=device,
+        seed=seed,
+        progress=progress,
+    )
+    elbo = fitted.record["elbo"]
+    return dict(
+        model=fitted.model,
+        method="map",
+        parameters=names,
+        num_steps=map_steps,
+        final_log_joint=float(sum(elbo[-10:]) / len(elbo[-10:])),
+    )
+
+
+def _check_initial_density(model, args) -> dict:
+    """The unconstrained-space transforms of the model's latents; raises naming the site when
+    uniform initial values give a non-finite log density (Pyro itself only says it gave up)."""
+    try:
+        _, _, transforms, _ = initialize_model(
+            model, model_args=args, init_strategy=init_to_uniform
+        )
+        return transforms
+    except (RuntimeError, ValueError) as e:
+        site = _first_non_finite_site(model, args)
+        if site is None:
+            raise
+        raise ValueError(
+            f"the model's log density is not finite at its initial parameters: site {site!r}; "
+            "check its prior and likelihood parameters (and the data) for NaN/inf"
+        ) from e
+
+
+def _first_non_finite_site(model, args) -> str | None:
+    with torch.no_grad(), pyro.validation_enabled(False):
+        trace = poutine.trace(InitMessenger(init_to_uniform)(model)).get_trace(*args)
+        for name, site in trace.nodes.items():
+            if site["type"] != "sample":
+                continue
+            value = site["value"]
+            log_prob = site["fn"].log_prob(value)
+            if not (torch.isfinite(value).all() and torch.isfinite(log_prob).all()):
+                return name
+    return None
+
+
+class _Recorder:
+    """Keeps what each chain sends to the parent process, so an interrupted run loses nothing.
+
+    Wraps ``MCMC.sampler.run``: the first item of a chain is its ``{site: shape}`` structure, then
+    one flat unconstrained vector per kept draw, then the kernel's ``diagnostics()``.
+    """
+
+    def __init__(self, sampler) -> None:
+        self.structure: dict | None = None
+        self.draws: dict[int, list[torch.Tensor]] = {}
+        self.diagnostics: dict[int, dict] = {}
+        inner = sampler.run
+
+        def run(*args, **kwargs):
+            for item, chain in inner(*args, **kwargs):
+                if isinstance(item, torch.Tensor):
+                    self.draws.setdefault(chain, []).append(item.clone())
+                elif chain in self.draws or chain in self.diagnostics:
+                    self.diagnostics[chain] = item
+                else:
+                    self.structure = item
+                yield item, chain
+
+        sampler.run = run
+
+    def collect(self, kernel, transforms, num_samples):
+        """``({site: (chain, draw, ...)}, sample_stats)``; chains cut to a common length."""
+        chains = sorted(c for c, draws in self.draws.items() if draws)
+        if not chains or self.structure is None:
+            return {}, {}
+        length = min(len(self.draws[c]) for c in chains)
+        flat = torch.stack([torch.stack(self.draws[c][:length]) for c in chains])
+        samples, position = {}, 0
+        for name in sorted(self.structure):
+            shape = self.structure[name]
+            size = shape.numel()
+            value = flat[..., position : position + size].reshape(len(chains), length, *shape)
+            position += size
+            samples[name] = transforms[name].inv(value) if name in transforms else value
+        per_chain = []
+        for c in chains:
+            if c in self.diagnostics:
+                per_chain.append(self.diagnostics[c]["sample_stats"])
+            elif len(getattr(kernel, "draw_stats", ())) >= length:  # interrupted, in-process
+                per_chain.append(_columns(kernel.draw_stats))
+            else:
+                per_chain = None  # interrupted in a worker process: its statistics are lost
+                break
+        stats = {}
+        if per_chain is not None:
+            stats = {k: [chain[k][:length] for chain in per_chain] for k in SAMPLE_STATS}
+        return samples, stats
+
+
+__all__ = ["KERNELS", "RecordingHMC", "RecordingNUTS", "SAMPLE_STATS", "fit_mcmc"]

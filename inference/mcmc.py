@@ -132,7 +132,7 @@ def fit_mcmc(
     target_accept_prob: float = 0.8,
     max_tree_depth: int = 10,
     step_size: float = 1.0,
-    num_steps: int | None = None,
+    trajectory_length: float = 2 * math.pi,
     full_mass: bool = False,
     jit_compile: bool = False,
     map_steps: int = 1000,
@@ -144,8 +144,8 @@ def fit_mcmc(
 
     NUTS (Hoffman & Gelman 2014) with multinomial sampling and Stan-style windowed adaptation of
     the step size (dual averaging to ``target_accept_prob``) and of a diagonal (or, with
-    ``full_mass``, dense) mass matrix during ``num_warmup``; HMC (Neal 2011) uses ``num_steps``
-    leapfrog steps per transition (default: Pyro's trajectory length 2π). Chains start from
+    ``full_mass``, dense) mass matrix during ``num_warmup``; HMC (Neal 2011) integrates for a fixed
+    ``trajectory_length`` per transition. Chains start from
     independent uniform draws in (-2, 2) of the unconstrained space (Stan's default). They run
     in parallel processes when the machine has more than ``num_chains`` cores (Pyro keeps one for
     the main process) and one after another otherwise; CUDA chains use a ``spawn`` context.
@@ -153,9 +153,9 @@ def fit_mcmc(
     The model runs in eval mode (dropout off: the target density must be deterministic) on the
     full data set. Its point-estimate parameters (plain ``nn.Parameter``s, the parts that are not
     Bayesian) are first fitted by MAP (``fit_svi(guide="delta")`` for ``map_steps`` steps), then
-    frozen; ``record["point_estimates"]`` says which and how. Ctrl-C stops sampling and returns
-    the draws so far as a Posterior with ``record["partial"] = True`` (chains cut to a common
-    length).
+    held fixed while sampling; ``record["point_estimates"]`` says which and how. Ctrl-C stops
+    sampling and returns the draws so far as a Posterior with ``record["partial"] = True``
+    (chains cut to a common length).
 
     Args:
         model: a ``PyroModule`` following the model protocol (DESIGN.md).
@@ -167,7 +167,8 @@ def fit_mcmc(
         target_accept_prob: step-size adaptation target in (0, 1).
         max_tree_depth: NUTS doublings per transition at most.
         step_size: initial step size (adapted during warmup).
-        num_steps: HMC leapfrog steps per transition (None: trajectory length 2π).
+        trajectory_length: HMC integration time per transition; the leapfrog steps are
+            ``trajectory_length / step_size`` and change as the step size adapts.
         full_mass: adapt a dense mass matrix instead of a diagonal one.
         jit_compile: trace the potential energy with the PyTorch JIT.
         map_steps: MAP steps for the point-estimate parameters (unused when there are none).
@@ -196,8 +197,10 @@ def fit_mcmc(
         raise ValueError(f"num_warmup must be an integer >= 0, got {num_warmup!r}")
     if isinstance(map_steps, bool) or not isinstance(map_steps, int) or map_steps < 0:
         raise ValueError(f"map_steps must be an integer >= 0, got {map_steps!r}")
-    if num_steps is not None:
-        _check_positive_int("num_steps", num_steps)
+    if not (isinstance(trajectory_length, (int, float)) and 0 < trajectory_length < math.inf):
+        raise ValueError(
+            f"trajectory_length must be a finite number > 0, got {trajectory_length!r}"
+        )
     if not (isinstance(target_accept_prob, float) and 0 < target_accept_prob < 1):
         raise ValueError(
             f"target_accept_prob must be a float in (0, 1), got {target_accept_prob!r}"
@@ -217,8 +220,6 @@ def fit_mcmc(
     if point_estimates is not None:
         model = point_estimates.pop("model")
     model.eval()  # dropout off: HMC needs a deterministic density
-    for parameter in model.parameters():
-        parameter.requires_grad_(False)
     train = data.to(device)
     args = (train.x, train.y, train.mask)
 
@@ -237,8 +238,7 @@ def fit_mcmc(
         if kernel == "nuts":
             sampler = RecordingNUTS(model, max_tree_depth=max_tree_depth, **common)
         else:
-            length = None if num_steps is not None else 2 * math.pi
-            sampler = RecordingHMC(model, num_steps=num_steps, trajectory_length=length, **common)
+            sampler = RecordingHMC(model, trajectory_length=trajectory_length, **common)
         partial = False
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="num_chains=.*Chains will be drawn")
@@ -267,7 +267,7 @@ def fit_mcmc(
         num_samples=num_samples,
         target_accept_prob=target_accept_prob,
         max_tree_depth=max_tree_depth,
-        num_steps=num_steps,
+        trajectory_length=trajectory_length if kernel == "hmc" else None,
         full_mass=full_mass,
         jit_compile=jit_compile,
         parallel=type(mcmc.sampler).__name__ == "_MultiSampler",

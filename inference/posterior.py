@@ -155,7 +155,7 @@ class Posterior:
         like ``draws(num_samples)`` (ArviZ names: ``diverging``, ``acceptance_rate``,
         ``step_size``, ``tree_depth``, ``n_steps``, ``energy``, ``lp``); ``{}`` for others."""
         stats = self.record.get("sample_stats") or {}
-        out = {name: torch.as_tensor(value) for name, value in stats.items()}
+        out = {name: torch.from_numpy(np.asarray(value)) for name, value in stats.items()}
         if num_samples is None or not out:
             return out
         return {name: _thin(value, num_samples) for name, value in out.items()}

@@ -1,9 +1,11 @@
 """fit_mcmc: per-draw sampler statistics, point estimates, interruption, export and bad input."""
 
 import math
+from unittest import mock
 
 import pyro
 import pyro.distributions as dist
+import pyro.infer.mcmc.api
 import pytest
 import torch
 from pyro.infer.mcmc import MCMC
@@ -399,3 +401,20 @@ def test_small_classifier_nuts_at_the_issue_size(digits):
     summary = _check_classifier_export(post, train, 100)
     print(summary[["r_hat", "ess_bulk", "ess_tail"]].describe())
     print(post.diagnose(train, verbose=False).attrs["verdict"], post.record["seconds"])
+
+
+def test_parallel_chains_send_their_statistics_back(regression):
+    """With cores to spare Pyro runs one worker process per chain; the draws and per-draw
+    statistics come back through the kernel's diagnostics. (This machine has 2 cores, so the
+    core count is patched to take that path.)"""
+    kwargs = dict(num_chains=2, num_warmup=30, num_samples=30, progress=False)
+    with mock.patch.object(pyro.infer.mcmc.api.mp, "cpu_count", return_value=8):
+        post = fit_mcmc(BayesianLinearRegression(2), regression, **kwargs)
+        again = fit_mcmc(BayesianLinearRegression(2), regression, **kwargs)
+    assert post.record["parallel"]
+    assert post.samples["weight"].shape == (2, 30, 2)
+    assert {k: tuple(v.shape) for k, v in post.sample_stats().items()} == {
+        k: (2, 30) for k in SAMPLE_STATS
+    }
+    assert not torch.equal(post.samples["weight"][0], post.samples["weight"][1])
+    torch.testing.assert_close(post.samples["weight"], again.samples["weight"], rtol=0, atol=0)

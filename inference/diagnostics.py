@@ -114,14 +114,20 @@ def diagnose(
         log_weights = posterior.log_importance_weights(data, num_samples=num_samples, seed=seed)
         k_hat = pareto_khat(log_weights)
         table.attrs["guide_k_hat"] = k_hat
-        verdict.append(
-            _flag(
-                k_hat > PARETO_K_MAX,
-                f"PSIS k-hat of the guide as an importance proposal {k_hat:.2f} (flag > "
-                f"{PARETO_K_MAX}: the guide is far from the posterior; trust its uncertainty "
-                "less, or use a richer guide or MCMC)",
+        if math.isfinite(k_hat):
+            verdict.append(
+                _flag(
+                    k_hat > PARETO_K_MAX,
+                    f"PSIS k-hat of the guide as an importance proposal {k_hat:.2f} (flag > "
+                    f"{PARETO_K_MAX}: the guide is far from the posterior; trust its uncertainty "
+                    "and its LOO less, or use a richer guide or MCMC)",
+                )
             )
-        )
+        else:
+            verdict.append(
+                f"n/a   PSIS k-hat of the guide: {len(log_weights)} draws are too few to fit the "
+                "tail; give num_samples >= 100"
+            )
     if data is not None and idata.posterior.sizes["draw"] * chains < 2:
         verdict.append("n/a   LOO: a point estimate has one draw; PSIS-LOO needs several")
     elif data is not None:

@@ -318,7 +318,7 @@ class Posterior:
         x: torch.Tensor,
         mask: torch.Tensor | None = None,
         *,
-        num_samples: int = 100,
+        num_samples: int | None = 100,
         seed: int = 0,
         batch_size: int = DEFAULT_BATCH_SIZE,
     ) -> Prediction:
@@ -327,7 +327,8 @@ class Posterior:
         Args:
             x: ``(N, T, F)`` features (``(N, P)`` for non-sequence models), torch or numpy.
             mask: ``(N, T)`` bool, True = real step, or None.
-            num_samples: posterior draws ``S`` (1 for point estimates).
+            num_samples: posterior draws ``S`` (1 for point estimates; None: every draw of a
+                sampled posterior).
             seed: seeds the draws; same seed, same numbers.
             batch_size: rows per forward pass (bounds memory).
 
@@ -359,7 +360,7 @@ class Posterior:
         mask: torch.Tensor | None = None,
         *,
         module: str | None = None,
-        num_samples: int = 100,
+        num_samples: int | None = 100,
         seed: int = 0,
         batch_size: int = DEFAULT_BATCH_SIZE,
     ) -> PosteriorAttention:

@@ -1,6 +1,7 @@
 """Tests of the `probtransformer` command line, run in-process through `main`.
 
-One tiny SVI run (module-scoped) is shared by the fit, diagnose and predict tests.
+One tiny SVI run and one tiny MCMC run (module-scoped) are shared by the fit, diagnose and
+predict tests.
 """
 
 import contextlib
@@ -20,9 +21,11 @@ import torch
 import probtransformer.inference
 import probtransformer.plots
 from probtransformer import datasets, metrics
-from probtransformer.cli import main
-from probtransformer.inference import NonFiniteELBOError, fit_svi, load_posterior
+from probtransformer.block import BAYESIAN_PARTS
+from probtransformer.cli import main, mcmc_preset
+from probtransformer.inference import NonFiniteELBOError, fit_mcmc, fit_svi, load_posterior
 from probtransformer.inference._arviz import az
+from probtransformer.inference.mcmc import RecordingNUTS
 from probtransformer.models import SequenceClassifier
 
 TINY = [
@@ -35,6 +38,12 @@ METRIC_KEYS = {"accuracy", "nll", "ece", "brier", "mean_epistemic", "num_train",
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 T, F, C = 8, 8, 10  # digits: 8 steps of 8 pixels, 10 classes
 PRED_COLUMNS = [f"prob_{c}" for c in range(C)] + ["predicted", "entropy", "aleatoric", "epistemic"]
+# MCMC at toy sizes on the preset model (d_model 8, every part latent): about 3 s
+MCMC_CHAINS, MCMC_WARMUP, MCMC_DRAWS, MCMC_TRAIN, MCMC_DEPTH = 2, 6, 5, 24, 3
+TINY_MCMC = [
+    "--inference", "mcmc", "--num-train", str(MCMC_TRAIN), "--num-warmup", str(MCMC_WARMUP),
+    "--num-draws", str(MCMC_DRAWS), "--max-tree-depth", str(MCMC_DEPTH), "--no-progress",
+]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +59,17 @@ def run(tmp_path_factory):
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         status = main(["fit", "--out", str(root / "run"), *TINY])
+    assert status == 0
+    return root / "run", printed.getvalue()
+
+
+@pytest.fixture(scope="module")
+def mcmc_run(tmp_path_factory):
+    """(run directory, printed output) of one tiny `probtransformer fit --inference mcmc`."""
+    root = tmp_path_factory.mktemp("cli-mcmc")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        status = main(["fit", "--out", str(root / "run"), *TINY_MCMC])
     assert status == 0
     return root / "run", printed.getvalue()
 
@@ -131,13 +151,27 @@ def test_fit_help_shows_the_library_defaults(capsys):
     text = " ".join(capsys.readouterr().out.split())
     model = inspect.signature(SequenceClassifier.__init__).parameters
     fit = inspect.signature(fit_svi).parameters
+    mcmc = inspect.signature(fit_mcmc).parameters
+    preset = mcmc_preset()
     for option, default in (
         ("--num-steps N optimisation steps", fit["num_steps"].default),
         ("--lr LR initial Adam learning rate", fit["lr"].default),
-        ("--d-model N model width", model["d_model"].default),
-        ("--num-heads N heads per layer", model["num_heads"].default),
+        ("--kernel {nuts,hmc} MCMC kernel", mcmc["kernel"].default),
+        ("--target-accept-prob P acceptance probability the step size is adapted to", 0.8),
+        ("--num-chains N independent chains", preset["num_chains"]),  # the preset, not 4
+        ("--num-draws N kept draws per chain", preset["num_draws"]),
     ):
         assert f"{option} (default: {default})" in text
+    assert mcmc["target_accept_prob"].default == 0.8
+    for option, default, mcmc_default in (
+        ("--d-model N model width", model["d_model"].default, preset["d_model"]),
+        ("--num-heads N heads per layer", model["num_heads"].default, preset["num_heads"]),
+        ("--num-train N", "all", preset["num_train"]),
+    ):
+        assert re.search(
+            rf"{re.escape(option)}[^(]*\(default: {default}; mcmc: {mcmc_default}\)", text
+        )
+    assert "posterior draws for predictions (default: 100; mcmc: every kept draw)" in text
     assert "one of: digits" in text
 
 
@@ -176,6 +210,202 @@ def test_diagnose_prints_table_verdict_and_loo(run, capsys, splits):
     assert loo, out
     assert int(loo.group(3)) == len(splits.train)  # LOO over the reloaded training split
     assert float(loo.group(2)) < 0
+
+
+# -- mcmc ---------------------------------------------------------------------------------------
+
+
+def test_mcmc_fit_writes_run_directory(mcmc_run):
+    run_dir, printed = mcmc_run
+    assert {p.name for p in run_dir.parent.iterdir()} == {"run"}  # no staging dirs left
+    assert {p.name for p in run_dir.iterdir()} == RUN_FILES
+    for name in ("attention.png", "reliability.png"):
+        assert (run_dir / name).read_bytes()[:8] == PNG_MAGIC
+    header = f"mcmc (nuts, {MCMC_CHAINS} chain(s) x {MCMC_DRAWS} draws after {MCMC_WARMUP} warmup)"
+    assert header in printed
+    assert f"{MCMC_TRAIN} train / 450 test" in printed
+    assert re.search(rf"^\s+divergences\s+\d+ of {MCMC_CHAINS * MCMC_DRAWS}$", printed, re.M)
+    assert "PARTIAL" not in printed
+
+
+def test_mcmc_fit_uses_the_preset_model(mcmc_run):
+    post = load_posterior(mcmc_run[0] / "posterior")
+    preset = mcmc_preset()
+    assert preset["bayesian"] == BAYESIAN_PARTS  # every part latent: nothing fitted by MAP
+    config = post.model.config
+    for key in ("d_model", "num_heads", "num_layers", "d_ff", "dropout"):
+        assert config[key] == preset[key], key
+    assert set(config["bayesian"]) == set(BAYESIAN_PARTS)
+    assert post.record["point_estimates"] is None
+    assert post.samples["head.weight"].shape == (MCMC_CHAINS, MCMC_DRAWS, C, preset["d_model"])
+
+
+def test_mcmc_fit_metrics(mcmc_run, splits):
+    run_dir, _ = mcmc_run
+    record = json.loads((run_dir / "metrics.json").read_text())
+    assert METRIC_KEYS | {"seconds"} <= set(record)
+    expected = dict(
+        inference="mcmc",
+        kernel="nuts",
+        num_chains=MCMC_CHAINS,
+        num_warmup=MCMC_WARMUP,
+        num_draws=MCMC_DRAWS,
+        max_tree_depth=MCMC_DEPTH,
+        target_accept_prob=0.8,
+        jit_compile=True,
+        partial=False,
+        chains_kept=MCMC_CHAINS,
+        draws_per_chain=MCMC_DRAWS,
+        num_train=MCMC_TRAIN,
+        num_test=len(splits.test),
+        num_samples=MCMC_CHAINS * MCMC_DRAWS,  # predictions use every kept draw
+        threads=1,
+    )
+    assert {key: record[key] for key in expected} == expected
+    assert "guide" not in record and "lr" not in record
+
+    # the same numbers from the saved posterior's draws on the test split
+    post = load_posterior(run_dir / "posterior")
+    pred = post.predict(splits.test.x, num_samples=MCMC_CHAINS * MCMC_DRAWS, seed=0)
+    assert pred.probs.shape == (MCMC_CHAINS * MCMC_DRAWS, len(splits.test), C)
+    probs = pred.mean.double()
+    report = metrics.classification_report(probs / probs.sum(-1, keepdim=True), splits.test.y)
+    for key, value in report.items():
+        assert record[key] == pytest.approx(value, abs=1e-6), key
+    diverging = np.asarray(post.record["sample_stats"]["diverging"])
+    assert diverging.shape == (MCMC_CHAINS, MCMC_DRAWS)
+    assert record["divergences"] == int(diverging.sum())
+
+
+def test_mcmc_fit_inference_data_has_sample_stats(mcmc_run):
+    idata = az.from_netcdf(mcmc_run[0] / "inference_data.nc")
+    assert {"posterior", "sample_stats", "log_likelihood", "predictions"} <= set(idata.groups())
+    stats = idata.sample_stats
+    sizes = {"chain": MCMC_CHAINS, "draw": MCMC_DRAWS}
+    for name in ("diverging", "energy", "tree_depth", "acceptance_rate", "step_size", "lp"):
+        assert dict(stats[name].sizes) == sizes, name
+    assert stats["diverging"].dtype == bool
+    assert np.isfinite(stats["energy"]).all()
+    assert ((stats["tree_depth"] >= 1) & (stats["tree_depth"] <= MCMC_DEPTH)).all()
+    assert (stats["n_steps"] <= 2**MCMC_DEPTH - 1).all()
+    assert dict(idata.log_likelihood["y"].sizes) == {**sizes, "obs": MCMC_TRAIN}
+    assert dict(idata.posterior["attention"].sizes)["chain"] == MCMC_CHAINS
+
+
+def test_diagnose_mcmc_run(mcmc_run, capsys):
+    assert main(["diagnose", str(mcmc_run[0])]) == 0
+    out = capsys.readouterr().out
+    draws = MCMC_CHAINS * MCMC_DRAWS
+    table = re.search(r"^head\.weight\s+80\s+\S+\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", out, re.M)
+    assert table, out  # (d_model 8) x (10 classes), with R-hat and bulk/tail ESS numbers
+    assert float(table.group(1)) > 0.9 and 0 < float(table.group(2)) <= 1.5 * draws
+    assert f"verdict (mcmc, {MCMC_CHAINS} chain(s) x {MCMC_DRAWS} draws):" in out
+    assert re.search(r"^(ok|WARN)\s+max R-hat [\d.]+ \(flag > 1.01\)$", out, re.M)
+    assert re.search(r"^(ok|WARN)\s+min bulk ESS \d+ ", out, re.M)
+    assert re.search(rf"^(ok|WARN)\s+divergent transitions: \d+ of {draws}\b", out, re.M)
+    assert re.search(r"^(ok|WARN)\s+E-BFMI per chain [\d.]+, [\d.]+ ", out, re.M)
+    assert f"transitions at max_tree_depth={MCMC_DEPTH}:" in out
+    loo = re.search(r"LOO: elpd_loo .* of (\d+) ", out)
+    assert loo and int(loo.group(1)) == MCMC_TRAIN  # LOO over the rows the chains saw
+
+
+def test_mcmc_hmc_kernel(tmp_path):
+    out = tmp_path / "hmc"
+    args = ["--kernel", "hmc", "--trajectory-length", "0.05", "--num-chains", "1"]
+    args += ["--no-jit-compile"]
+    common = ["--inference", "mcmc", "--num-train", "16", "--num-warmup", "3", "--num-draws", "3"]
+    assert main(["fit", "--out", str(out), *common, *args, "--no-progress"]) == 0
+    record = json.loads((out / "metrics.json").read_text())
+    assert (record["kernel"], record["trajectory_length"]) == ("hmc", 0.05)
+    assert record["jit_compile"] is False and "max_tree_depth" not in record
+    stats = az.from_netcdf(out / "inference_data.nc").sample_stats
+    assert dict(stats.sizes) == {"chain": 1, "draw": 3}
+    # Pyro's HMC takes max(1, int(trajectory_length / step_size)) leapfrog steps
+    expected = np.maximum(1, (0.05 / stats["step_size"].values).astype(int))
+    np.testing.assert_array_equal(stats["n_steps"].values, expected)
+    assert (stats["tree_depth"] == 0).all()
+
+
+def _interrupt_after(monkeypatch, calls: int) -> None:
+    """Make the NUTS kernel raise KeyboardInterrupt (as Ctrl-C does) on its ``calls``-th step."""
+    sample = RecordingNUTS.sample
+    count = iter(range(1, 10**6))
+
+    def interrupted(self, params):
+        if next(count) == calls:
+            raise KeyboardInterrupt
+        return sample(self, params)
+
+    monkeypatch.setattr(RecordingNUTS, "sample", interrupted)
+
+
+def test_mcmc_interrupted_writes_a_partial_run(tmp_path, monkeypatch, capsys):
+    kept = 2  # the Ctrl-C lands on the third kept draw
+    _interrupt_after(monkeypatch, MCMC_WARMUP + kept + 1)
+    out = tmp_path / "partial"
+    # one chain: in-process on any machine (two chains run in worker processes on > 2 cores)
+    assert main(["fit", "--out", str(out), *TINY_MCMC, "--num-chains", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert f"PARTIAL: sampling was interrupted; the run holds the 1 x {kept} draws" in printed
+    assert {p.name for p in out.iterdir()} == RUN_FILES
+    record = json.loads((out / "metrics.json").read_text())
+    assert (record["partial"], record["draws_per_chain"], record["num_draws"]) == (
+        True,
+        kept,
+        MCMC_DRAWS,
+    )
+    assert record["num_samples"] == kept
+    stats = az.from_netcdf(out / "inference_data.nc").sample_stats
+    assert dict(stats.sizes) == {"chain": 1, "draw": kept}
+
+    assert main(["diagnose", str(out)]) == 0
+    assert "PARTIAL: sampling was interrupted" in capsys.readouterr().out
+
+
+def test_mcmc_interrupted_before_a_draw_writes_nothing(tmp_path, monkeypatch, capsys):
+    _interrupt_after(monkeypatch, 2)  # during warmup
+    monkeypatch.chdir(tmp_path)
+    assert main(["fit", *TINY_MCMC, "--num-chains", "1"]) == 130
+    assert "interrupted before the first draw" in _one_error_line(capsys)
+    assert _listing(tmp_path) == set()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--lr", "0.1"], "--lr applies to --inference svi and map, not mcmc"),
+        (["--num-steps", "5", "--batch-size", "8"], "--num-steps, --batch-size apply to"),
+        (["--guide", "normal"], "--guide applies to --inference svi and map, not mcmc"),
+        (["--kernel", "hmc", "--max-tree-depth", "4"], "--max-tree-depth applies to --kernel nuts"),
+        (["--trajectory-length", "2"], "--trajectory-length applies to --kernel hmc, not nuts"),
+        (["--num-train", "1213"], "--num-train 1213 exceeds the 1212 rows"),
+        (["--num-warmup", "-1"], "integer >= 0"),
+        (["--num-draws", "0"], "integer >= 1"),
+        (["--kernel", "gibbs"], "invalid choice: 'gibbs'"),
+        (["--target-accept-prob", "1.5"], "target_accept_prob must be a float in (0, 1)"),
+    ],
+)
+def test_mcmc_bad_arguments(args, message, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["fit", *TINY_MCMC, *args]) == 2
+    assert message in _one_error_line(capsys)
+    assert _listing(tmp_path) == set()
+
+
+@pytest.mark.parametrize(
+    "inference, args, message",
+    [
+        ("svi", ["--num-chains", "2"], "--num-chains applies to --inference mcmc, not svi"),
+        ("map", ["--kernel", "nuts"], "--kernel applies to --inference mcmc, not map"),
+        ("svi", ["--no-jit-compile"], "--jit-compile applies to --inference mcmc"),
+        ("svi", ["--num-warmup", "5", "--num-draws", "5"], "--num-warmup, --num-draws apply to"),
+    ],
+)
+def test_svi_refuses_mcmc_options(inference, args, message, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["fit", *TINY, "--inference", inference, *args]) == 2
+    assert message in _one_error_line(capsys)
+    assert _listing(tmp_path) == set()
 
 
 # -- predict ------------------------------------------------------------------------------------
@@ -224,7 +454,8 @@ def test_predict_csv_without_header(run, splits, tmp_path):
     "args, files, message",
     [
         (["--dataset", "nope"], {}, "invalid choice: 'nope'"),
-        (["--inference", "mcmc"], {}, "--inference"),
+        (["--inference", "nuts"], {}, "invalid choice: 'nuts'"),
+        (["--inference", "mcmc"], {}, "--num-steps applies to --inference svi and map, not mcmc"),
         (["--guide", "flow"], {}, "--guide"),
         (["--num-steps", "0"], {}, "integer >= 1"),
         (["--num-samples", "-3"], {}, "integer >= 1"),

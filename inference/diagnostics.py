@@ -86,6 +86,8 @@ def diagnose(
                 else ""
             )
         )
+    elif table["r_hat_max"].isna().all():
+        verdict.append("n/a   R-hat and ESS: too few draws per chain (need at least 4)")
     else:
         worst = table["r_hat_max"].max()
         verdict.append(_flag(worst > RHAT_MAX, f"max R-hat {worst:.3f} (flag > {RHAT_MAX})"))
@@ -190,7 +192,9 @@ def _sampler_lines(stats, record: dict) -> list[str]:
             warnings.simplefilter("ignore")
             bfmi = np.atleast_1d(az.bfmi(stats))
         lines.append(
-            _flag(
+            "n/a   E-BFMI: too few draws per chain"
+            if np.isnan(bfmi).any()
+            else _flag(
                 bool((bfmi < BFMI_MIN).any()),
                 f"E-BFMI per chain {', '.join(f'{b:.2f}' for b in bfmi)} (flag < {BFMI_MIN}: "
                 "momentum resampling explores the energy poorly)",

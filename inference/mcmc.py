@@ -26,6 +26,9 @@ from probtransformer.inference.svi import _check_data, _check_positive_int, fit_
 #: Kernels accepted by ``fit_mcmc(kernel=...)``.
 KERNELS = ("nuts", "hmc")
 
+#: Warm-up lengths below this get a warning: adaptation has too few windows to settle.
+MIN_WARMUP = 50
+
 #: Per-draw statistics under ArviZ's ``sample_stats`` names.
 SAMPLE_STATS = (
     "diverging",
@@ -211,6 +214,15 @@ def fit_mcmc(
         raise ValueError(
             f"target_accept_prob must be a float in (0, 1), got {target_accept_prob!r}"
         )
+    if not isinstance(full_mass, bool):
+        raise TypeError(f"full_mass must be a bool, got {type(full_mass).__name__}")
+    if 0 < num_warmup < MIN_WARMUP:
+        warnings.warn(
+            f"num_warmup={num_warmup} is short for adapting the step size and mass matrix "
+            f"(Stan's default is 1000; use >= {MIN_WARMUP}): chains may stick; run diagnose",
+            UserWarning,
+            stacklevel=2,
+        )
     if not (isinstance(step_size, (int, float)) and math.isfinite(step_size) and step_size > 0):
         raise ValueError(f"step_size must be a finite number > 0, got {step_size!r}")
     device = resolve_device(device)
@@ -222,6 +234,9 @@ def fit_mcmc(
 
     start = time.perf_counter()
     model = reinitialised_copy(model, seed, device)
+    example = example_of(data).to(device)
+    with pyro_scope(), seeded(seed, device):  # fail fast, before any MAP fit
+        _check_initial_density(model, (example.x, example.y, example.mask))
     point_estimates = _fit_point_estimates(model, data, map_steps, device, seed, progress)
     if point_estimates is not None:
         model = point_estimates.pop("model")
@@ -272,7 +287,7 @@ def fit_mcmc(
         num_warmup=num_warmup,
         num_samples=num_samples,
         target_accept_prob=target_accept_prob,
-        max_tree_depth=max_tree_depth,
+        max_tree_depth=max_tree_depth if kernel == "nuts" else None,
         trajectory_length=trajectory_length if kernel == "hmc" else None,
         full_mass=full_mass,
         jit_compile=jit_compile,
@@ -319,13 +334,13 @@ def _fit_point_estimates(model, data, map_steps, device, seed, progress) -> dict
 
 
 def _check_initial_density(model, args) -> dict:
-    """The unconstrained-space transforms of the model's latents; raises naming the site when
-    uniform initial values give a non-finite log density (Pyro itself only says it gave up)."""
+    """The unconstrained-space transforms of the model's latents; raises when it has none, or
+    naming the site when uniform initial values give a non-finite log density (Pyro itself only
+    says it gave up)."""
     try:
-        _, _, transforms, _ = initialize_model(
+        initial, _, transforms, _ = initialize_model(
             model, model_args=args, init_strategy=init_to_uniform
         )
-        return transforms
     except (RuntimeError, ValueError) as e:
         site = _first_non_finite_site(model, args)
         if site is None:
@@ -334,6 +349,13 @@ def _check_initial_density(model, args) -> dict:
             f"the model's log density is not finite at its initial parameters: site {site!r}; "
             "check its prior and likelihood parameters (and the data) for NaN/inf"
         ) from e
+    if not initial:
+        raise ValueError(
+            f"{type(model).__name__} has no latent sample sites: there is nothing for HMC to "
+            "sample; make some parts Bayesian, or fit a point estimate with "
+            "fit_svi(guide='delta')"
+        )
+    return transforms
 
 
 def _first_non_finite_site(model, args) -> str | None:

@@ -96,6 +96,8 @@ class Posterior:
         tensors = itertools.chain(model.parameters(), model.buffers())
         self._device = next(tensors, torch.empty(0)).device
         self.latent_shapes = self._find_latent_shapes()
+        if samples is not None:
+            _check_samples(samples, self.latent_shapes)
 
     # -- draws ------------------------------------------------------------------------------
 
@@ -108,6 +110,11 @@ class Posterior:
         ex = self.example.to(self.device)
         with pyro_scope(), seeded(0, self.device), torch.no_grad(), poutine.block():
             trace = poutine.trace(self.model).get_trace(ex.x, ex.y, ex.mask)
+        if self.model.likelihood_site not in trace.nodes:
+            raise ValueError(
+                f"{type(self.model).__name__}.likelihood_site is "
+                f"{self.model.likelihood_site!r}, but the model has no sample site of that name"
+            )
         return {
             name: site["value"].shape
             for name, site in trace.nodes.items()
@@ -141,8 +148,7 @@ class Posterior:
             if self.samples is not None:
                 return dict(self.samples)
             num_samples = DEFAULT_NUM_SAMPLES
-        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-            raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}")
+        _check_num_samples(num_samples)
         if self.is_point_estimate:
             num_samples = 1
         if self.samples is not None:
@@ -158,6 +164,7 @@ class Posterior:
         out = {name: torch.from_numpy(np.asarray(value)) for name, value in stats.items()}
         if num_samples is None or not out:
             return out
+        _check_num_samples(num_samples)
         return {name: _thin(value, num_samples) for name, value in out.items()}
 
     def _guide_trace(self, num_samples: int) -> poutine.Trace:
@@ -202,8 +209,7 @@ class Posterior:
         if data.y is None:
             raise ValueError("data.y is None: the importance weights need observed targets")
         num = DEFAULT_NUM_SAMPLES if num_samples is None else num_samples
-        if isinstance(num, bool) or not isinstance(num, int) or num < 1:
-            raise ValueError(f"num_samples must be an integer >= 1, got {num!r}")
+        _check_num_samples(num)
         x, mask, y = self._inputs(data.x, data.mask, data.y)
         with seeded(seed, self.device):
             trace = self._guide_trace(num)
@@ -503,6 +509,26 @@ def _warn_out_of_range(x: torch.Tensor, x_range: list[float] | None) -> None:
             UserWarning,
             stacklevel=4,
         )
+
+
+def _check_num_samples(num_samples: object) -> None:
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}")
+
+
+def _check_samples(samples: dict[str, torch.Tensor], shapes: dict[str, torch.Size]) -> None:
+    """Draws must cover every latent site with ``(chain, draw, *site shape)``, dims shared."""
+    if set(samples) != set(shapes):
+        raise ValueError(
+            f"samples must hold the model's latent sites {sorted(shapes)}, got {sorted(samples)}"
+        )
+    leading = {tuple(value.shape[:2]) for value in samples.values()}
+    for name, value in samples.items():
+        if value.dim() < 2 or value.shape[2:] != shapes[name] or len(leading) > 1:
+            raise ValueError(
+                f"samples[{name!r}] must have shape (chain, draw, *{tuple(shapes[name])}) with "
+                f"the same (chain, draw) as the other sites, got {tuple(value.shape)}"
+            )
 
 
 def _sum_log_prob(sites) -> torch.Tensor:

@@ -159,12 +159,14 @@ def load_posterior(path: str | os.PathLike, *, device: str | torch.device = "cpu
         samples = tensors["samples"]
         if samples is not None:
             samples = {k: v.to(device) for k, v in samples.items()}
+        return Posterior(
+            model, record=meta["record"], example=example, guide=guide, samples=samples
+        )
     except (RuntimeError, pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError) as e:
         raise ValueError(
             f"{path} holds a damaged saved posterior, or its {_META} and {_TENSORS} do not "
             f"match: {_first_line(e)}"
         ) from e
-    return Posterior(model, record=meta["record"], example=example, guide=guide, samples=samples)
 
 
 def _first_line(error: BaseException) -> str:

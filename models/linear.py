@@ -139,6 +139,8 @@ class BayesianLinearRegression(PyroModule):
         Raises:
             TypeError/ValueError: malformed ``x``/``y`` (see ``validate``).
         """
+        if y is None:
+            raise TypeError("y must be a float tensor of shape (N,), got None")
         self.validate(x, y)
         X = self.design(x.double().cpu())
         precision = X.T @ X / self.noise_scale**2

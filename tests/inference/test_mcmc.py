@@ -418,3 +418,65 @@ def test_parallel_chains_send_their_statistics_back(regression):
     }
     assert not torch.equal(post.samples["weight"][0], post.samples["weight"][1])
     torch.testing.assert_close(post.samples["weight"], again.samples["weight"], rtol=0, atol=0)
+
+
+def test_a_model_without_latents_is_refused_before_any_fit(digits):
+    model = SequenceClassifier(8, 10, 8, d_model=8, num_heads=2, num_layers=1, bayesian=())
+    with pytest.raises(ValueError, match="no latent sample sites"):
+        fit_mcmc(model, digits.train[:10], num_chains=1, progress=False)
+
+
+def test_full_mass_must_be_a_bool(regression):
+    with pytest.raises(TypeError, match="full_mass must be a bool"):
+        fit_mcmc(BayesianLinearRegression(2), regression, full_mass="yes")
+
+
+def test_short_warmup_warns(regression):
+    with pytest.warns(UserWarning, match="num_warmup=5 is short"):
+        fit_mcmc(
+            BayesianLinearRegression(2), regression, num_chains=1, num_warmup=5, num_samples=5,
+            progress=False,
+        )  # fmt: skip
+
+
+def test_too_few_draws_give_n_a_not_ok(regression, capsys):
+    post = fit_mcmc(
+        BayesianLinearRegression(2), regression, num_chains=2, num_warmup=0, num_samples=3,
+        progress=False,
+    )  # fmt: skip
+    post.diagnose()
+    printed = capsys.readouterr().out
+    assert "n/a   R-hat and ESS: too few draws" in printed
+    assert "ok    max R-hat" not in printed
+    with pytest.raises(ValueError, match="num_samples must be an integer >= 1"):
+        post.sample_stats(0)
+
+
+def test_loading_draws_of_the_wrong_shape_is_a_damaged_posterior(nuts_posterior, tmp_path):
+    nuts_posterior.save(tmp_path / "post")
+    tensors = torch.load(tmp_path / "post" / "tensors.pt", weights_only=True)
+    tensors["samples"]["weight"] = tensors["samples"]["weight"][..., :1]
+    torch.save(tensors, tmp_path / "post" / "tensors.pt")
+    with pytest.raises(ValueError, match="damaged.*samples\\['weight'\\]"):
+        load_posterior(tmp_path / "post")
+
+
+class _MisnamedLikelihood(PyroModule):
+    """Observes site "y" but declares ``likelihood_site = "target"``."""
+
+    likelihood_site = "target"
+    config: dict = {}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loc = PyroSample(dist.Normal(0.0, 1.0))
+
+    def forward(self, x, y=None, mask=None, *, num_data=None):
+        loc = self.loc
+        with pyro.plate("data", len(x)):
+            pyro.sample("y", dist.Normal(loc, 1.0), obs=y)
+
+
+def test_a_likelihood_site_that_does_not_exist_is_named(regression):
+    with pytest.raises(ValueError, match="likelihood_site is 'target'"):
+        fit_mcmc(_MisnamedLikelihood(), regression, num_chains=1, num_samples=5, progress=False)

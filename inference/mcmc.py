@@ -277,7 +277,7 @@ def fit_mcmc(
             except KeyboardInterrupt:
                 partial = True
                 mcmc.sampler.terminate(True)
-    samples, stats = received.collect(sampler, transforms, num_samples)
+    samples, stats = received.collect(sampler, transforms)
     if not samples:
         raise KeyboardInterrupt("fit_mcmc was interrupted before the first draw was kept")
     record = dict(
@@ -396,7 +396,7 @@ class _Recorder:
 
         sampler.run = run
 
-    def collect(self, kernel, transforms, num_samples):
+    def collect(self, kernel, transforms):
         """``({site: (chain, draw, ...)}, sample_stats)``; chains cut to a common length."""
         chains = sorted(c for c, draws in self.draws.items() if draws)
         if not chains or self.structure is None:

@@ -173,7 +173,10 @@ class Posterior:
             return poutine.trace(self.guide).get_trace(ex.x, ex.y, ex.mask)
 
     def _guide_draws(self, num_samples: int) -> dict[str, torch.Tensor]:
-        trace = self._guide_trace(num_samples)
+        return self._latents_of(self._guide_trace(num_samples), num_samples)
+
+    def _latents_of(self, trace: poutine.Trace, num_samples: int) -> dict[str, torch.Tensor]:
+        """``{site: (num_samples, *shape)}`` values of the latent sites in ``trace``."""
         return {
             name: trace.nodes[name]["value"].detach().reshape(num_samples, *shape)
             for name, shape in self.latent_shapes.items()
@@ -218,10 +221,7 @@ class Posterior:
             .reshape(num, -1)
             .sum(-1)
         )
-        draws = {
-            name: trace.nodes[name]["value"].detach().reshape(num, *shape)
-            for name, shape in self.latent_shapes.items()
-        }
+        draws = self._latents_of(trace, num)
 
         def read(model_trace):
             site = model_trace.nodes[self.model.likelihood_site]

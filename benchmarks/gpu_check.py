@@ -41,18 +41,17 @@ The table is printed and written to ``benchmarks/results/gpu_check.md``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as dt
 import platform
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import pyro.ops.integrator
 import torch
 
+from benchmarks._pyro_gradients import count_gradients
 from probtransformer import metrics
 from probtransformer.block import BAYESIAN_PARTS
 from probtransformer.datasets import DatasetSplits, load
@@ -89,24 +88,6 @@ class Timing:
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-@contextlib.contextmanager
-def _counting_gradients() -> Iterator[list[int]]:
-    """Count the gradient evaluations of HMC/NUTS (every leapfrog step goes through
-    ``pyro.ops.integrator.potential_grad``); yields a one-element list holding the count."""
-    count = [0]
-    original = pyro.ops.integrator.potential_grad
-
-    def counted(potential_fn, z):
-        count[0] += 1
-        return original(potential_fn, z)
-
-    pyro.ops.integrator.potential_grad = counted
-    try:
-        yield count
-    finally:
-        pyro.ops.integrator.potential_grad = original
 
 
 def _timed(fit: Callable[[], Posterior], device: torch.device) -> tuple[Posterior, float]:
@@ -156,7 +137,7 @@ def run_device(device: torch.device, splits: DatasetSplits, sizes: dict) -> dict
     )
     svi = Timing(seconds, len(post.record["elbo"]), _accuracy(post, splits))
     print(f"{device}: svi {svi.seconds:.1f} s; nuts ...", flush=True)
-    with _counting_gradients() as gradients:
+    with count_gradients() as gradients:
         post, seconds = _timed(
             lambda: fit_mcmc(
                 small_model,

@@ -65,6 +65,7 @@ from pyro import poutine
 from pyro.infer.autoguide.initialization import InitMessenger, init_to_uniform
 from pyro.infer.mcmc.util import initialize_model
 
+from benchmarks._pyro_gradients import count_gradients
 from probtransformer.datasets import SequenceData, load
 from probtransformer.inference import fit_mcmc
 from probtransformer.models import SequenceClassifier
@@ -218,23 +219,6 @@ def _compare_densities(model, numpyro_model, cfg, data: SequenceData, point: dic
 # --- the two samplers ---------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _count_pyro_gradients() -> Iterator[list[int]]:
-    """Count calls of ``pyro.ops.integrator.potential_grad`` (one per leapfrog step) in-process."""
-    count = [0]
-    inner = pyro.ops.integrator.potential_grad
-
-    def counted(potential_fn, z):
-        count[0] += 1
-        return inner(potential_fn, z)
-
-    pyro.ops.integrator.potential_grad = counted
-    try:
-        yield count
-    finally:
-        pyro.ops.integrator.potential_grad = inner
-
-
 def run_ours(
     model,
     train,
@@ -251,7 +235,7 @@ def run_ours(
 
     With ``jit_compile`` the PyTorch JIT's tracing is part of ``seconds`` (not separable).
     """
-    with _count_pyro_gradients() as count:
+    with count_gradients() as count:
         start, start_cpu = time.perf_counter(), time.process_time()
         post = fit_mcmc(
             model,

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
+import torch
+import torch.nn.functional as F
+from pyro import poutine
 from pyro.infer.autoguide import (
     AutoDelta,
     AutoGuide,
@@ -10,7 +15,10 @@ from pyro.infer.autoguide import (
     AutoNormal,
     init_to_sample,
 )
+from pyro.poutine.util import site_is_subsample
 from torch import nn
+
+from probtransformer.attention import LOCAL_LATENT, amortized
 
 #: Guide names accepted by ``fit_svi(guide=...)``.
 GUIDES = ("normal", "lowrank", "mvn", "delta")
@@ -22,13 +30,20 @@ def build_guide(kind: str, model: nn.Module, *, init_scale: float = 1e-3) -> Aut
     ``normal``: mean-field ``AutoNormal``; ``lowrank``: ``AutoLowRankMultivariateNormal``;
     ``mvn``: full-rank ``AutoMultivariateNormal``; ``delta``: ``AutoDelta`` (MAP). Locations start
     at a prior draw (``init_to_sample``), which breaks the symmetry between heads and units that a
-    zero start would keep; scales start at ``init_scale``.
+    zero start would keep; scales start at ``init_scale``. A model with local latents
+    (stochastic attention) gets an ``AmortizedGuide`` around the ``kind`` guide.
 
     Raises:
         ValueError: unknown ``kind`` or non-positive ``init_scale``.
     """
     if not init_scale > 0:
         raise ValueError(f"init_scale must be > 0, got {init_scale}")
+    if has_local_latents(model):
+        return AmortizedGuide(model, kind, init_scale=init_scale)
+    return _global_guide(kind, model, init_scale)
+
+
+def _global_guide(kind: str, model, init_scale: float) -> AutoGuide:
     if kind == "normal":
         return AutoNormal(model, init_loc_fn=init_to_sample, init_scale=init_scale)
     if kind == "lowrank":
@@ -40,3 +55,62 @@ def build_guide(kind: str, model: nn.Module, *, init_scale: float = 1e-3) -> Aut
     if kind == "delta":
         return AutoDelta(model, init_loc_fn=init_to_sample)
     raise ValueError(f"guide must be one of {GUIDES}, got {kind!r}")
+
+
+def has_local_latents(model: nn.Module) -> bool:
+    """True when a module of ``model`` samples per-sequence latents (stochastic attention)."""
+    return any(getattr(module, "stochastic", False) for module in model.modules())
+
+
+def _is_local(msg: dict) -> bool:
+    return bool(msg["infer"].get(LOCAL_LATENT))
+
+
+class AmortizedGuide(nn.Module):
+    """Global autoguide plus an amortized guide for the local latents of stochastic attention.
+
+    The global latents (weights, scales, offsets) get the autoguide ``kind``. The local latents
+    (one attention-logit tensor per sequence) are not given per-sequence parameters: the guide
+    runs the model's own network on the inputs, with the global values just drawn, and samples
+    each layer's logits from ``N(q·k / sqrt(d_head) + prior terms, s_h)`` — the mean is the
+    usual attention logit computed by the network, the scale ``s_h`` a learned per-head
+    parameter. The point estimates of this inference network are therefore the model's own
+    point-estimate parameters (shared with the model) and ``s_h``; the number of variational
+    parameters does not grow with the data, and new sequences get a guide without refitting
+    (Kingma & Welling 2014; Fan et al. 2020, Bayesian Attention Modules).
+
+    Args:
+        model: a model whose stochastic attention modules sample sites marked ``LOCAL_LATENT``.
+        kind: autoguide of the global latents (see ``build_guide``).
+        init_scale: initial scale of the global guide.
+        init_local_scale: initial ``s_h``.
+    """
+
+    def __init__(
+        self, model: nn.Module, kind: str, *, init_scale: float, init_local_scale: float = 0.1
+    ) -> None:
+        super().__init__()
+        self._model = (model,)  # not a submodule: its parameters belong to the model
+        self.global_guide = _global_guide(kind, poutine.block(model, hide_fn=_is_local), init_scale)
+        self.init_local_scale = init_local_scale
+        self.local_scales = nn.ParameterDict()
+
+    def local_scale(self, name: str, num_heads: int, device: torch.device) -> torch.Tensor:
+        """``(num_heads,)`` positive guide scales of local site ``name`` (created on first use)."""
+        key = name.replace(".", "__")
+        if key not in self.local_scales:
+            raw = math.log(math.expm1(self.init_local_scale))  # softplus^-1
+            self.local_scales[key] = nn.Parameter(torch.full((num_heads,), raw, device=device))
+        return F.softplus(self.local_scales[key])
+
+    def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:
+        """Sample the global latents, then the local ones given them; returns the global values."""
+        values = self.global_guide(*args, **kwargs)
+        keep = lambda msg: _is_local(msg) or site_is_subsample(msg)  # noqa: E731
+        with (
+            amortized(self),
+            poutine.block(hide_fn=lambda msg: not keep(msg)),
+            poutine.condition(data=values),
+        ):
+            self._model[0](*args, **kwargs)
+        return values

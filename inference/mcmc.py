@@ -12,7 +12,9 @@ from pyro import poutine
 from pyro.infer.autoguide.initialization import InitMessenger, init_to_uniform
 from pyro.infer.mcmc import HMC, MCMC, NUTS
 from pyro.infer.mcmc.util import initialize_model
+from pyro.infer.reparam import LocScaleReparam
 
+from probtransformer.attention import LOCAL_LATENT
 from probtransformer.datasets import SequenceData
 from probtransformer.inference._runtime import (
     pyro_scope,
@@ -20,6 +22,7 @@ from probtransformer.inference._runtime import (
     resolve_device,
     seeded,
 )
+from probtransformer.inference.guides import has_local_latents
 from probtransformer.inference.posterior import Posterior, check_model, example_of
 from probtransformer.inference.svi import _check_data, _check_positive_int, fit_svi
 
@@ -28,6 +31,9 @@ KERNELS = ("nuts", "hmc")
 
 #: Warm-up lengths below this get a warning: adaptation has too few windows to settle.
 MIN_WARMUP = 50
+
+#: Most sequences ``fit_mcmc`` accepts for a model with local latents (stochastic attention).
+MAX_LOCAL_SEQUENCES = 50
 
 #: Per-draw statistics under ArviZ's ``sample_stats`` names.
 SAMPLE_STATS = (
@@ -160,6 +166,11 @@ def fit_mcmc(
     sampling and returns the draws so far as a Posterior with ``record["partial"] = True``
     (chains cut to a common length; chains in worker processes lose their per-draw statistics).
 
+    Local latents (``priors.StochasticAttentionPrior``: one latent per attention logit of every
+    sequence) are sampled jointly with the weights, non-centred (``LocScaleReparam``), and only
+    for small data: at most ``MAX_LOCAL_SEQUENCES`` (50) short sequences. Their draws are not
+    kept; predictions for any inputs draw them from their contextual prior given each weight draw.
+
     Cost: one gradient of the full-data log density per leapfrog step, up to
     ``2**max_tree_depth - 1`` steps per NUTS transition; neural-network posteriors ask for long
     trajectories, so keep models and data small. Small models run fastest on one torch thread
@@ -193,7 +204,8 @@ def fit_mcmc(
 
     Raises:
         TypeError/ValueError: bad model, data or settings; data on a device other than
-            ``device``; initial parameters with a non-finite log density (names the site).
+            ``device``; initial parameters with a non-finite log density (names the site); more
+            than ``MAX_LOCAL_SEQUENCES`` sequences for a model with local latents.
     """
     check_model(model)
     _check_data(model, data)
@@ -237,15 +249,22 @@ def fit_mcmc(
     example = example_of(data).to(device)
     with pyro_scope(), seeded(seed, device):  # fail fast, before any MAP fit
         _check_initial_density(model, (example.x, example.y, example.mask))
+    if has_local_latents(model) and len(data) > MAX_LOCAL_SEQUENCES:
+        raise ValueError(
+            f"stochastic attention under MCMC samples one latent per attention logit of every "
+            f"sequence; it is supported for at most {MAX_LOCAL_SEQUENCES} short sequences, got "
+            f"{len(data)}: subsample the data, or fit it with fit_svi (amortized guide)"
+        )
     point_estimates = _fit_point_estimates(model, data, map_steps, device, seed, progress)
     if point_estimates is not None:
         model = point_estimates.pop("model")
     model.eval()  # dropout off: HMC needs a deterministic density
     train = data.to(device)
     args = (train.x, train.y, train.mask)
+    density = _non_centred(model)
 
     with pyro_scope(), seeded(seed, device):
-        transforms = _check_initial_density(model, args)
+        transforms = _check_initial_density(density, args)
         common = dict(
             step_size=step_size,
             adapt_step_size=True,
@@ -257,9 +276,9 @@ def fit_mcmc(
             init_strategy=init_to_uniform,
         )
         if kernel == "nuts":
-            sampler = RecordingNUTS(model, max_tree_depth=max_tree_depth, **common)
+            sampler = RecordingNUTS(density, max_tree_depth=max_tree_depth, **common)
         else:
-            sampler = RecordingHMC(model, trajectory_length=trajectory_length, **common)
+            sampler = RecordingHMC(density, trajectory_length=trajectory_length, **common)
         partial = False
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="num_chains=.*Chains will be drawn")
@@ -278,6 +297,8 @@ def fit_mcmc(
                 partial = True
                 mcmc.sampler.terminate(True)
     samples, stats = received.collect(sampler, transforms)
+    local = _local_sites(model, example)  # per-sequence draws: not part of the Posterior
+    samples = {k: v for k, v in samples.items() if k not in local}
     if not samples:
         raise KeyboardInterrupt("fit_mcmc was interrupted before the first draw was kept")
     record = dict(
@@ -301,6 +322,27 @@ def fit_mcmc(
         sample_stats=stats,
     )
     return Posterior(model, samples=samples, record=record, example=example_of(train))
+
+
+def _non_centred(model):
+    """``model`` with its local latents (stochastic attention) sampled non-centred,
+    ``z = loc + scale · ε`` with ``ε ~ N(0, 1)`` (``LocScaleReparam``): the centred form gives HMC
+    a funnel between the noise scales and the logits (Betancourt & Girolami 2015)."""
+    if not has_local_latents(model):
+        return model
+    return poutine.reparam(
+        model, config=lambda msg: LocScaleReparam(0.0) if msg["infer"].get(LOCAL_LATENT) else None
+    )
+
+
+def _local_sites(model, example) -> set[str]:
+    """Names of the local latent sites and of their non-centred ``_decentered`` versions."""
+    if not has_local_latents(model):
+        return set()
+    with pyro_scope(), torch.no_grad(), poutine.block():
+        trace = poutine.trace(model).get_trace(example.x, example.y, example.mask)
+    names = {name for name, site in trace.nodes.items() if site.get("infer", {}).get(LOCAL_LATENT)}
+    return names | {f"{name}_decentered" for name in names}
 
 
 def _fit_point_estimates(model, data, map_steps, device, seed, progress) -> dict | None:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pandas as pd
@@ -16,9 +17,12 @@ from pyro import poutine
 from pyro.infer.autoguide import AutoDelta, AutoGuide
 from pyro.nn import PyroModule
 from pyro.poutine.util import site_is_subsample
+from torch import nn
 
+from probtransformer.attention import amortized
 from probtransformer.datasets import SequenceData
 from probtransformer.inference._runtime import is_invalid_parameter_error, pyro_scope, seeded
+from probtransformer.inference.guides import AmortizedGuide
 from probtransformer.inference.prediction import (
     PosteriorAttention,
     Prediction,
@@ -70,10 +74,21 @@ class Posterior:
     sample-based posteriors keep their draws with ``(chain, draw)`` dims and thin them evenly
     to ``num_samples``.
 
+    Two baselines (``inference.baselines``) run one forward pass per draw instead of one
+    vectorized pass for all draws: ``mc_dropout=True`` keeps the model's ``nn.Dropout`` modules
+    active at prediction, each draw a pass with fresh dropout masks (Gal & Ghahramani 2016);
+    ``members`` holds the model's parameters for each draw (a deep ensemble's members,
+    Lakshminarayanan et al. 2017), copied into the model for that draw's pass.
+
     Attributes:
-        model: the fitted model (on the fit's device, in eval mode for prediction).
+        model: the fitted model (on the fit's device, in eval mode for prediction; for an
+            ensemble it holds the first member's parameters between calls).
         guide: the fitted autoguide (SVI), else None.
         samples: ``{site: (chain, draw, *shape)}`` draws (sample-based), else None.
+        members: ``{name: (chain, draw, *shape)}``, the model's parameter ``name`` (of
+            ``named_parameters``: its point estimates) for each draw of ``samples`` (ensembles),
+            else None. Buffers (prior constants, head masks) are the model's, shared by all.
+        mc_dropout: dropout stays on at prediction (MC dropout).
         record: what the fit did: method, settings, seconds, ``elbo`` trace (SVI) ...
     """
 
@@ -85,12 +100,23 @@ class Posterior:
         example: SequenceData,
         guide: AutoGuide | None = None,
         samples: dict[str, torch.Tensor] | None = None,
+        members: dict[str, torch.Tensor] | None = None,
+        mc_dropout: bool = False,
     ) -> None:
         if (guide is None) == (samples is None):
             raise ValueError("a Posterior needs exactly one of guide or samples")
-        self.model = model.eval()  # prediction mode: dropout off
+        if members is not None and samples is None:
+            raise ValueError("members need samples: one latent draw per member")
+        if mc_dropout and not dropout_modules(model):
+            raise ValueError(
+                f"mc_dropout=True needs dropout: {type(model).__name__} has no torch.nn.Dropout "
+                "module with p > 0"
+            )
+        self.model = model.eval()  # prediction mode: dropout off (on per pass for MC dropout)
         self.guide = guide
         self.samples = samples
+        self.members = members
+        self.mc_dropout = bool(mc_dropout)
         self.record = record
         self.example = example
         tensors = itertools.chain(model.parameters(), model.buffers())
@@ -98,6 +124,8 @@ class Posterior:
         self.latent_shapes = self._find_latent_shapes()
         if samples is not None:
             _check_samples(samples, self.latent_shapes)
+        if members is not None:
+            _check_members(members, model, samples)
 
     # -- draws ------------------------------------------------------------------------------
 
@@ -123,12 +151,16 @@ class Posterior:
             and not site["infer"].get("_deterministic")
             and not site["infer"].get("is_auxiliary")
             and not site_is_subsample(site)
+            and not _is_local(site)
             and name != self.model.likelihood_site
         }
 
     @property
     def is_point_estimate(self) -> bool:
-        """True when every draw is the same (MAP): predictions use one draw."""
+        """True when every draw is the same (MAP): predictions use one draw. False for MC
+        dropout and ensembles, whose draws differ through dropout masks or member parameters."""
+        if self.mc_dropout or self.members is not None:
+            return False
         return isinstance(self.guide, AutoDelta) or not self.latent_shapes
 
     def draws(self, num_samples: int | None = None, *, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -204,10 +236,16 @@ class Posterior:
             ``(S,)`` log weights in nats (CPU, float64).
 
         Raises:
-            ValueError: a sample-based or point-estimate posterior, or ``data`` without targets.
+            ValueError: a sample-based, point-estimate or MC-dropout posterior, an amortized
+                guide (local latents), or ``data`` without targets.
         """
-        if self.guide is None or self.is_point_estimate:
+        if self.guide is None or self.is_point_estimate or self.mc_dropout:
             raise ValueError("importance weights need a non-degenerate SVI guide")
+        if isinstance(self.guide, AmortizedGuide):
+            raise ValueError(
+                "importance weights of a guide with local latents (stochastic attention) are not "
+                "available: they would need every training sequence's local latents"
+            )
         check_data(data)
         if data.y is None:
             raise ValueError("data.y is None: the importance weights need observed targets")
@@ -246,6 +284,41 @@ class Posterior:
         mask: torch.Tensor | None,
         read: Callable[[poutine.Trace], dict[str, torch.Tensor]],
         batch_size: int,
+        *,
+        states: dict[str, torch.Tensor] | None = None,
+        count: int | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """``_run_vectorized``, or for MC dropout and ensembles one pass per draw.
+
+        A vectorized pass would reuse one dropout mask for all draws wherever a tensor has no
+        draw dim yet, and it cannot give each draw its own parameters: draw ``s`` runs alone,
+        with dropout on (MC dropout) and parameters ``{name: states[name][s]}`` (ensembles); the
+        model's dropout mode and parameters are restored afterwards, also on errors.
+
+        Args:
+            states: ``{name: (S, *shape)}`` model parameters per draw, or None.
+            count: number of draws ``S`` when ``flat_draws`` is empty (no latent sites).
+        """
+        if not self.mc_dropout and states is None:
+            return self._run_vectorized(flat_draws, x, y, mask, read, batch_size)
+        num = next(iter(flat_draws.values())).shape[0] if flat_draws else count or 1
+        outs = []
+        with _dropout_active(self.model, self.mc_dropout), _parameters_kept(self.model, states):
+            for s in range(num):
+                if states is not None:
+                    _set_parameters(self.model, {k: v[s] for k, v in states.items()})
+                draw = {k: v[s : s + 1] for k, v in flat_draws.items()}
+                outs.append(self._run_vectorized(draw, x, y, mask, read, batch_size))
+        return {key: torch.cat([out[key] for out in outs]) for key in outs[0]}
+
+    def _run_vectorized(
+        self,
+        flat_draws: dict[str, torch.Tensor],
+        x: torch.Tensor,
+        y: torch.Tensor | None,
+        mask: torch.Tensor | None,
+        read: Callable[[poutine.Trace], dict[str, torch.Tensor]],
+        batch_size: int,
     ) -> dict[str, torch.Tensor]:
         """Run the model once per row batch for all draws at once; ``read`` picks the outputs.
 
@@ -254,6 +327,8 @@ class Posterior:
         num = next(iter(flat_draws.values())).shape[0] if flat_draws else 1
         condition = {k: v.reshape(num, 1, *v.shape[1:]) for k, v in flat_draws.items()}
         model = poutine.condition(self.model, data=condition)
+        if isinstance(self.guide, AmortizedGuide):  # local latents from the amortized guide
+            model = amortized(self.guide)(model)
         pieces: dict[str, list[torch.Tensor]] = {}
         with pyro_scope(), torch.no_grad():
             for start in range(0, x.shape[0], batch_size):
@@ -314,10 +389,31 @@ class Posterior:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         draws = self.draws(num_samples, seed=seed)
-        chains, per_chain = next(iter(draws.values())).shape[:2] if draws else (1, 1)
+        states = self._member_states(num_samples)
+        first = next(iter({**draws, **(states or {})}.values()), None)
+        if first is not None:
+            chains, per_chain = first.shape[:2]
+        else:  # no latent sites: one draw, or num_samples dropout passes
+            chains, per_chain = 1, (num_samples or DEFAULT_NUM_SAMPLES) if self.mc_dropout else 1
+        flat_states = None if states is None else _flatten_chains(states)
         with seeded(seed, self.device):
-            out = self._run(_flatten_chains(draws), x, y, mask, read, batch_size)
+            out = self._run(
+                _flatten_chains(draws),
+                x,
+                y,
+                mask,
+                read,
+                batch_size,
+                states=flat_states,
+                count=chains * per_chain,
+            )
         return {k: v.reshape(chains, per_chain, *v.shape[1:]) for k, v in out.items()}
+
+    def _member_states(self, num_samples: int | None) -> dict[str, torch.Tensor] | None:
+        """``members`` thinned as ``draws(num_samples)`` thins ``samples``; None without."""
+        if self.members is None or num_samples is None:
+            return self.members
+        return {name: _thin(value, num_samples) for name, value in self.members.items()}
 
     def predict(
         self,
@@ -472,6 +568,29 @@ class Posterior:
 
         return diagnose(self, data, num_samples=num_samples, seed=seed, verbose=verbose)
 
+    def head_importance(
+        self, *, num_samples: int | None = None, prob: float = 0.9, seed: int = 0
+    ) -> pd.DataFrame:
+        """Posterior mean and credible interval of each head's gate in [0, 1] (see
+        ``inference.heads.head_importance``); needs a model built with ``head_prior``."""
+        from probtransformer.inference.heads import head_importance
+
+        return head_importance(self, num_samples=num_samples, prob=prob, seed=seed)
+
+    def effective_num_heads(self, *, num_samples: int | None = None, seed: int = 0) -> float:
+        """Sum over layers and heads of the posterior mean gate: the number of heads in use."""
+        table = self.head_importance(num_samples=num_samples, seed=seed)
+        return float(table.loc[table["active"], "mean"].sum())
+
+    def prune_heads(
+        self, threshold: float, *, num_samples: int | None = None, seed: int = 0
+    ) -> Posterior:
+        """A copy whose model skips heads with mean gate < ``threshold`` (in [0, 1]; see
+        ``inference.heads.prune_heads``)."""
+        from probtransformer.inference.heads import prune_heads
+
+        return prune_heads(self, threshold, num_samples=num_samples, seed=seed)
+
     def save(self, path) -> None:
         """Write this posterior to directory ``path`` (see ``serialization.save_posterior``)."""
         from probtransformer.inference.serialization import save_posterior
@@ -480,6 +599,10 @@ class Posterior:
 
     def __repr__(self) -> str:
         kind = type(self.guide).__name__ if self.guide is not None else "samples"
+        if self.mc_dropout:
+            kind += " + MC dropout"
+        if self.members is not None:
+            kind += f", members={math.prod(next(iter(self.members.values())).shape[:2])}"
         return (
             f"Posterior(model={type(self.model).__name__}, method={self.record.get('method')!r}, "
             f"{kind}, latent_sites={len(self.latent_shapes)})"
@@ -516,6 +639,67 @@ def _check_num_samples(num_samples: object) -> None:
         raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}")
 
 
+def dropout_modules(model: nn.Module) -> list[nn.Dropout]:
+    """The model's ``torch.nn.Dropout`` modules with ``p > 0`` (what MC dropout keeps on)."""
+    return [m for m in model.modules() if isinstance(m, nn.Dropout) and m.p > 0]
+
+
+@contextlib.contextmanager
+def _dropout_active(model: nn.Module, active: bool) -> Iterator[None]:
+    """Put only the model's ``nn.Dropout`` modules in train mode (when ``active``); restore
+    each module's mode afterwards, also on errors."""
+    modules = [m for m in model.modules() if isinstance(m, nn.Dropout)] if active else []
+    modes = [m.training for m in modules]
+    try:
+        for module in modules:
+            module.train()
+        yield
+    finally:
+        for module, mode in zip(modules, modes, strict=True):
+            module.train(mode)
+
+
+def _set_parameters(model: nn.Module, values: dict[str, torch.Tensor]) -> None:
+    """Copy ``values`` into the model's parameters of those names, in place."""
+    parameters = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in values.items():
+            parameters[name].copy_(value)
+
+
+@contextlib.contextmanager
+def _parameters_kept(model: nn.Module, states: dict | None) -> Iterator[None]:
+    """Restore the model's parameters after the block when ``states`` will overwrite them."""
+    kept = None
+    if states is not None:
+        kept = {name: p.detach().clone() for name, p in model.named_parameters()}
+    try:
+        yield
+    finally:
+        if kept is not None:
+            _set_parameters(model, kept)
+
+
+def _check_members(
+    members: dict[str, torch.Tensor], model: nn.Module, samples: dict[str, torch.Tensor]
+) -> None:
+    """Members must hold every parameter of the model with ``(chain, draw, *shape)``,
+    ``(chain, draw)`` shared with each other and with ``samples``."""
+    state = dict(model.named_parameters())
+    if set(members) != set(state):
+        raise ValueError(
+            f"members must hold every parameter of the model ({len(state)} in named_parameters)"
+            f", got {len(members)} of which {len(set(members) - set(state))} are not the model's"
+        )
+    leading = {tuple(v.shape[:2]) for v in (*members.values(), *samples.values())}
+    for name, value in members.items():
+        if value.dim() < 2 or value.shape[2:] != state[name].shape or len(leading) > 1:
+            raise ValueError(
+                f"members[{name!r}] must have shape (chain, draw, *{tuple(state[name].shape)}) "
+                f"with the (chain, draw) of samples, got {tuple(value.shape)}"
+            )
+
+
 def _check_samples(samples: dict[str, torch.Tensor], shapes: dict[str, torch.Size]) -> None:
     """Draws must cover every latent site with ``(chain, draw, *site shape)``, dims shared."""
     if set(samples) != set(shapes):
@@ -529,6 +713,11 @@ def _check_samples(samples: dict[str, torch.Tensor], shapes: dict[str, torch.Siz
                 f"samples[{name!r}] must have shape (chain, draw, *{tuple(shapes[name])}) with "
                 f"the same (chain, draw) as the other sites, got {tuple(value.shape)}"
             )
+
+
+def _is_local(site: dict) -> bool:
+    """A local latent: sampled inside the data plate, one value per sequence."""
+    return any(frame.name == "data" for frame in site["cond_indep_stack"])
 
 
 def _sum_log_prob(sites) -> torch.Tensor:

@@ -19,7 +19,7 @@ from probtransformer.inference._runtime import (
     resolve_device,
     seeded,
 )
-from probtransformer.inference.guides import GUIDES, build_guide
+from probtransformer.inference.guides import GUIDES, build_guide, has_local_latents
 from probtransformer.inference.posterior import Posterior, check_data, check_model, example_of
 
 
@@ -75,7 +75,8 @@ def fit_svi(
     mini-batches (likelihood scaled by ``N / batch_size`` through the model's data plate) while
     the learning rate decays exponentially from ``lr`` to ``lr * lr_decay``. The mean-field guide
     uses ``TraceMeanField_ELBO`` (analytic KL terms where Pyro has them; Hoffman et al. 2013),
-    the others ``Trace_ELBO``; ``num_particles > 1`` vectorizes the particles. Point-estimate
+    the others and models with local latents (stochastic attention, amortized guide)
+    ``Trace_ELBO``; ``num_particles > 1`` vectorizes the particles. Point-estimate
     parameters of the model are optimised jointly (type-II MAP). Runs in its own param-store
     scope: the global Pyro param store is never read or written.
 
@@ -122,7 +123,9 @@ def fit_svi(
     train = data.to(device)
     n = len(train)
     batch_size = min(batch_size, n)
-    elbo_cls = TraceMeanField_ELBO if guide == "normal" else Trace_ELBO
+    # the amortized guide of local latents is not mean-field: its logits depend on the globals
+    mean_field = guide == "normal" and not has_local_latents(model)
+    elbo_cls = TraceMeanField_ELBO if mean_field else Trace_ELBO
     elbo = elbo_cls(num_particles=num_particles, vectorize_particles=num_particles > 1)
     trace: list[float] = []
     start = time.perf_counter()

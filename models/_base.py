@@ -2,39 +2,11 @@
 
 from __future__ import annotations
 
-import pyro.poutine.runtime
 import torch
 
+from probtransformer.layers import align_draws, draw_batch_shape
 
-def draw_batch_shape() -> tuple[int, ...]:
-    """Sizes of the vectorizing plates (dim <= -2) around the current model call.
-
-    ``Predictive(parallel=True)`` and vectorized ELBO particles wrap the model in a plate at dim
-    -2; the data plate owns dim -1. Outside any such plate this is ``()``.
-    """
-    frames = [f for f in pyro.poutine.runtime.get_plates() if f.vectorized and f.dim < -1]
-    if not frames:
-        return ()
-    rank = -min(f.dim for f in frames)
-    shape = [1] * (rank - 1)
-    for f in frames:
-        shape[rank + f.dim] = f.size
-    return tuple(shape)
-
-
-def align_draws(value: torch.Tensor) -> torch.Tensor:
-    """Reshape a network output ``(s, N, ...)`` to ``(*draw_batch_shape(), N, ...)``.
-
-    ``s`` is the product of the vectorizing plate sizes (every latent was drawn under them) or 1
-    (no latent was: the output is broadcast).
-    """
-    lead = draw_batch_shape()
-    if not lead:
-        return value[0] if value.shape[0] == 1 else value
-    size = torch.Size(lead).numel()
-    if value.shape[0] == size:
-        return value.reshape(*lead, *value.shape[1:])
-    return value[0].expand(*lead, *value.shape[1:])
+__all__ = ["align_draws", "check_sequence_inputs", "draw_batch_shape"]
 
 
 def _describe(t: torch.Tensor) -> str:

@@ -10,7 +10,7 @@ import torch
 from pyro.nn import PyroModule
 
 from probtransformer import priors
-from probtransformer.attention import BayesMultiheadAttention
+from probtransformer.attention import BayesMultiheadAttention, data_plate
 from probtransformer.block import BAYESIAN_PARTS
 from probtransformer.embedding import FeatureEmbedding
 from probtransformer.encoder import TransformerEncoder
@@ -58,13 +58,19 @@ class SequenceClassifier(PyroModule):
             ``3 / sqrt(fan_in)``), was chosen on the digits validation split: the
             variance-preserving scale 1 shrinks the output logits and leaves predictions
             under-confident (validation NLL 0.119 vs 0.064, ECE 0.030 vs 0.024).
-        attention_prior: prior on the attention logits (default ``priors.LogitScalePrior()``;
-            None for none).
+        attention_prior: prior(s) on the attention logits: None, or any of
+            ``priors.LogitScalePrior`` (the default, a per-head temperature),
+            ``priors.AttentionLogitPrior`` (guidance: domain knowledge as a prior attention
+            distribution) and ``priors.StochasticAttentionPrior`` (attention logits as local
+            latents, Fan et al. 2020), alone or as a tuple.
+        head_prior: ``priors.HeadGatePrior()`` puts horseshoe-style gates on the heads (see
+            ``Posterior.head_importance``); None for none.
 
     Raises:
         ValueError: unknown ``bayesian`` part or ``pooling``, sizes < 1 (``num_classes`` < 2),
             ``d_model`` not a multiple of ``num_heads``.
         TypeError: ``bayesian`` not strings, or a prior of the wrong spec type.
+        ValueError: an attention guidance that does not fit ``max_len`` (plus 1 with CLS).
     """
 
     likelihood_site = "y"
@@ -84,7 +90,8 @@ class SequenceClassifier(PyroModule):
         norm_first: bool = True,
         bayesian: Iterable[str] | str = ("attention", "head"),
         weight_prior: priors.Normal | None = priors.Normal(scale=3.0),
-        attention_prior: priors.LogitScalePrior | None = priors.LogitScalePrior(),
+        attention_prior=priors.LogitScalePrior(),
+        head_prior: priors.HeadGatePrior | None = None,
     ) -> None:
         super().__init__()
         sizes = dict(
@@ -105,11 +112,7 @@ class SequenceClassifier(PyroModule):
             raise TypeError(
                 f"weight_prior must be a priors.Normal or None, got {type(weight_prior).__name__}"
             )
-        if attention_prior is not None and not isinstance(attention_prior, priors.LogitScalePrior):
-            raise TypeError(
-                "attention_prior must be a priors.LogitScalePrior or None, got "
-                f"{type(attention_prior).__name__}"
-            )
+        attention_prior = priors.attention_specs(attention_prior)
         if pooling not in ("mean", "cls"):
             raise ValueError(f"pooling must be 'mean' or 'cls', got {pooling!r}")
         if not 0.0 <= dropout < 1.0:
@@ -126,7 +129,10 @@ class SequenceClassifier(PyroModule):
             norm_first=norm_first,
             bayesian=sorted(parts),
             weight_prior=priors.to_config(weight_prior),
-            attention_prior=priors.to_config(attention_prior),
+            attention_prior=priors.to_config(
+                attention_prior[0] if len(attention_prior) == 1 else attention_prior or None
+            ),
+            head_prior=priors.to_config(head_prior),
         )
         self.embedding = FeatureEmbedding(
             in_features,
@@ -146,6 +152,8 @@ class SequenceClassifier(PyroModule):
             bayesian=parts,
             weight_prior=weight_prior,
             attention_prior=attention_prior,
+            head_prior=head_prior,
+            max_len=max_len + (pooling == "cls"),
         )
         self.head = BayesLinear(d_model, num_classes, bayesian="head" in parts, prior=weight_prior)
 
@@ -153,7 +161,7 @@ class SequenceClassifier(PyroModule):
     def from_config(cls, config: dict) -> SequenceClassifier:
         """Rebuild a model from its ``config`` (prior specs given as dicts)."""
         kwargs = dict(config)
-        for key in ("weight_prior", "attention_prior"):
+        for key in ("weight_prior", "attention_prior", "head_prior"):
             kwargs[key] = priors.from_config(kwargs.get(key))
         return cls(**kwargs)
 
@@ -196,8 +204,10 @@ class SequenceClassifier(PyroModule):
             logits ``(*draws, N, C)``; ``draws`` are the sizes of enclosing vectorizing plates.
         """
         N = x.shape[0]
+        plate = pyro.plate("data", num_data or N, subsample=torch.arange(N, device=x.device))
         h, key_mask = self.embedding(x, mask)  # (s, N, T', d)
-        h = self.encoder(h, key_padding_mask=key_mask)  # (s, N, T', d)
+        with data_plate(plate):  # stochastic attention samples its local latents in it
+            h = self.encoder(h, key_padding_mask=key_mask)  # (s, N, T', d)
         if self.pooling == "cls":
             pooled = h[:, :, 0]  # (s, N, d)
         elif key_mask is None:
@@ -207,7 +217,7 @@ class SequenceClassifier(PyroModule):
             count = weights.sum(-1, keepdim=True).clamp(min=1.0)  # all-padding rows pool to 0
             pooled = torch.einsum("sntd,nt->snd", h, weights) / count
         logits = align_draws(self.head(pooled))  # (*draws, N, C)
-        with pyro.plate("data", num_data or N, subsample=torch.arange(N, device=x.device)):
+        with plate:
             if y is None:
                 pyro.deterministic("logits", logits, event_dim=1)
             pyro.sample(self.likelihood_site, dist.Categorical(logits=logits), obs=y)

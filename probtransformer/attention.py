@@ -2,14 +2,53 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
+from collections.abc import Iterator
 
+import pyro
+import pyro.distributions as dist
 import torch
 from pyro.nn import PyroModule, PyroSample
 from torch import nn
 
 from probtransformer import priors
-from probtransformer.layers import batched_linear, flatten_draws
+from probtransformer.layers import align_draws, batched_linear, flatten_draws
+
+_DATA_PLATE: contextvars.ContextVar = contextvars.ContextVar("data_plate", default=None)
+_AMORTIZED_GUIDE: contextvars.ContextVar = contextvars.ContextVar("amortized_guide", default=None)
+
+#: ``infer`` key marking the local (per-sequence) latent sites of stochastic attention.
+LOCAL_LATENT = "local_latent"
+
+
+@contextlib.contextmanager
+def data_plate(plate: pyro.plate) -> Iterator[None]:
+    """Make the model's data plate available to the layers that sample local latents.
+
+    A model creates ``pyro.plate("data", ...)`` once per call and runs its network inside this
+    context; stochastic attention samples its per-sequence logits inside that plate (so a
+    mini-batch scales them like the likelihood), and the model observes ``y`` in the same plate.
+    """
+    token = _DATA_PLATE.set(plate)
+    try:
+        yield
+    finally:
+        _DATA_PLATE.reset(token)
+
+
+@contextlib.contextmanager
+def amortized(guide) -> Iterator[None]:
+    """Sample stochastic-attention logits from the amortized guide ``guide`` instead of the prior.
+
+    ``guide.local_scale(name, num_heads, device)`` gives the per-head guide scales.
+    """
+    token = _AMORTIZED_GUIDE.set(guide)
+    try:
+        yield
+    finally:
+        _AMORTIZED_GUIDE.reset(token)
 
 
 def masked_softmax(logits: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
@@ -40,7 +79,29 @@ def _projection_prior(module: BayesMultiheadAttention):
 
 
 def _logit_scale_prior(module: BayesMultiheadAttention):
-    return module.attention_prior.distribution(module.num_heads, device=module.device_anchor.device)
+    spec = module.priors[priors.LogitScalePrior]
+    return spec.distribution(module.num_heads, device=module.device_anchor.device)
+
+
+def _logit_offset_prior(module: BayesMultiheadAttention):
+    T = module.max_len
+    spec = module.priors[priors.AttentionLogitPrior]
+    return spec.offset_distribution((module.num_heads, T, T), device=module.device_anchor.device)
+
+
+def _noise_scale_prior(module: BayesMultiheadAttention):
+    spec = module.priors[priors.StochasticAttentionPrior]
+    return spec.scale_distribution(module.num_heads, device=module.device_anchor.device)
+
+
+def _head_global_prior(module: BayesMultiheadAttention):
+    return module.head_prior.global_distribution(device=module.device_anchor.device)
+
+
+def _head_local_prior(module: BayesMultiheadAttention):
+    return module.head_prior.local_distribution(
+        module.num_heads, device=module.device_anchor.device
+    )
 
 
 class BayesMultiheadAttention(PyroModule):
@@ -50,29 +111,49 @@ class BayesMultiheadAttention(PyroModule):
     of shape ``(4, d_model, d_model + 1)`` — row block ``[q, k, v, o]``, last column the bias —
     with prior ``weight_prior`` (default ``Normal(1, fan_in=True)``, i.e. N(0, 1/d_model)).
     One site instead of eight keeps Pyro's per-site cost low (see ``benchmarks/svi_overhead.py``).
-    The prior on the attention logits is a per-head inverse temperature ``logit_scale``
-    (``priors.LogitScalePrior``, LogNormal): logits are ``tau_h * q·k / sqrt(d_head)``.
+
+    Priors on the attention logits ``s = q·k / sqrt(d_head)`` (``attention_prior``, any of):
+
+    - ``priors.LogitScalePrior``: a per-head inverse temperature, ``s -> tau_h · s`` (site
+      ``logit_scale``; only with Bayesian projections).
+    - ``priors.AttentionLogitPrior``: guidance, ``s -> s + log P + ε`` with a latent per-head
+      ``(max_len, max_len)`` offset ``ε ~ N(0, 1 / strength)`` (site ``logit_offset``).
+    - ``priors.StochasticAttentionPrior``: the logits become local latents (site
+      ``attention_logits``, one ``(H, Tq, Tk)`` event per sequence, in the model's data plate)
+      with a contextual prior mean from the keys and per-head noise scales (site
+      ``noise_scale``); see that class.
+
+    ``head_prior=priors.HeadGatePrior()`` multiplies each head's output by a gate in [0, 1]
+    (sites ``head_global_scale``, ``head_local_scale``). Heads switched off in the bool buffer
+    ``head_active`` (see ``Posterior.prune_heads``) are not computed at all.
 
     The weights of every call are kept in ``attention_weights`` (detached), shape
-    ``(s, N, num_heads, Tq, Tk)``, so the posterior attention can be read after a vectorized
+    ``(s, N, active heads, Tq, Tk)``, so the posterior attention can be read after a vectorized
     forward pass.
 
     Args:
         d_model: model width ``d``; divisible by ``num_heads``.
         num_heads: number of heads ``H``.
-        bayesian: projections (and the logit scale) are latent; otherwise point estimates and no
-            logit scale.
+        bayesian: projections (and the logit scale) are latent; otherwise point estimates.
         weight_prior: prior spec of the projections.
-        attention_prior: prior spec of the logit scale, or None for none.
+        attention_prior: None, one attention-logit prior spec, or a sequence of them.
+        head_prior: ``priors.HeadGatePrior`` or None.
+        max_len: longest sequence the attention sees (required with ``AttentionLogitPrior``).
         dropout: dropout probability on the attention weights during training.
 
     Raises:
-        ValueError: ``d_model`` not divisible by ``num_heads``, or sizes < 1.
+        ValueError: ``d_model`` not divisible by ``num_heads``, sizes < 1, or guidance without
+            ``max_len``.
+        TypeError: a prior of the wrong spec type.
     """
 
     site_dims = {
         "projection": ("qkvo", "out_features", "in_features_and_bias"),
         "logit_scale": ("head",),
+        "logit_offset": ("head", "query", "key"),
+        "noise_scale": ("head",),
+        "head_global_scale": (),
+        "head_local_scale": ("head",),
     }
 
     def __init__(
@@ -82,7 +163,9 @@ class BayesMultiheadAttention(PyroModule):
         *,
         bayesian: bool = True,
         weight_prior: priors.Normal | None = None,
-        attention_prior: priors.LogitScalePrior | None = None,
+        attention_prior=None,
+        head_prior: priors.HeadGatePrior | None = None,
+        max_len: int | None = None,
         dropout: float = 0.0,
     ) -> None:
         super().__init__()
@@ -91,27 +174,50 @@ class BayesMultiheadAttention(PyroModule):
                 f"d_model must be a positive multiple of num_heads, got d_model={d_model}, "
                 f"num_heads={num_heads}"
             )
+        if head_prior is not None and not isinstance(head_prior, priors.HeadGatePrior):
+            raise TypeError(
+                "head_prior must be a priors.HeadGatePrior or None, got "
+                f"{type(head_prior).__name__}"
+            )
         self.d_model = d_model
         self.num_heads = num_heads
         self.d_head = d_model // num_heads
         self.bayesian = bayesian
         self.weight_prior = weight_prior or priors.Normal()
-        self.attention_prior = attention_prior
+        self.priors = {type(spec): spec for spec in priors.attention_specs(attention_prior)}
+        if not bayesian:
+            self.priors.pop(priors.LogitScalePrior, None)
+        self.head_prior = head_prior
+        self.max_len = max_len
         self.dropout = nn.Dropout(dropout)
         self.register_buffer("device_anchor", torch.zeros(()), persistent=False)
+        self.register_buffer("head_active", torch.ones(num_heads, dtype=torch.bool))
         if bayesian:
             self.projection = PyroSample(_projection_prior)
-            self.logit_scale = (
-                PyroSample(_logit_scale_prior) if attention_prior is not None else None
-            )
         else:
             self.projection = nn.Parameter(torch.empty(4, d_model, d_model + 1))
-            self.logit_scale = None
-            self.reset_parameters()
+        if priors.LogitScalePrior in self.priors:
+            self.logit_scale = PyroSample(_logit_scale_prior)
+        if priors.AttentionLogitPrior in self.priors:
+            if max_len is None or max_len < 1:
+                raise ValueError(f"an AttentionLogitPrior needs max_len >= 1, got {max_len!r}")
+            self.priors[priors.AttentionLogitPrior].log_guidance(max_len, None, device="cpu")
+            self.logit_offset = PyroSample(_logit_offset_prior)
+        self.stochastic = priors.StochasticAttentionPrior in self.priors
+        if self.stochastic:
+            self.noise_scale = PyroSample(_noise_scale_prior)
+            self.prior_key_weight = nn.Parameter(torch.zeros(num_heads, self.d_head))
+        if head_prior is not None:
+            self.head_global_scale = PyroSample(_head_global_prior)
+            self.head_local_scale = PyroSample(_head_local_prior)
+        self.reset_parameters()
         self.attention_weights: torch.Tensor | None = None
 
     def reset_parameters(self) -> None:
         """Re-draw point-estimate projections (Xavier-uniform weights, zero bias)."""
+        if self.stochastic:
+            with torch.no_grad():
+                self.prior_key_weight.zero_()
         if self.bayesian:
             return
         with torch.no_grad():
@@ -137,36 +243,112 @@ class BayesMultiheadAttention(PyroModule):
 
         Returns:
             ``(s', N, Tq, d)``.
+
+        Raises:
+            ValueError: stochastic attention called outside a model's ``data_plate``.
         """
-        d, nh, hs = self.d_model, self.num_heads, self.d_head
+        d, hs = self.d_model, self.d_head
+        heads = self.head_active.nonzero().flatten()  # (H',)
+        nh = len(heads)
         proj = flatten_draws(self.projection, 3)  # (s, 4, d, d + 1)
-        weight, bias = proj[..., :d], proj[..., d]  # (s, 4, d, d), (s, 4, d)
+        if nh < self.num_heads:  # pruned heads: drop their Q/K/V rows and O columns
+            rows = (heads[:, None] * hs + torch.arange(hs, device=heads.device)).flatten()
+            qkv = proj[:, :3].index_select(2, rows)  # (s, 3, d', d + 1)
+            out = torch.cat([proj[:, 3, :, rows], proj[:, 3, :, d:]], -1)  # (s, d, d' + 1)
+        else:
+            qkv, out = proj[:, :3], proj[:, 3]
+        di = nh * hs
+        weight, bias = qkv[..., :d], qkv[..., d]  # (s, 3, d', d), (s, 3, d')
         s = proj.shape[0]
         if key_value is None:
-            qkv = batched_linear(
-                query, weight[:, :3].reshape(s, 3 * d, d), bias[:, :3].reshape(s, 3 * d)
-            )
-            q, k, v = qkv.split(d, dim=-1)  # each (s', N, T, d)
+            q, k, v = batched_linear(
+                query, weight.reshape(s, 3 * di, d), bias.reshape(s, 3 * di)
+            ).split(di, dim=-1)  # each (s', N, T, d')
         else:
             q = batched_linear(query, weight[:, 0], bias[:, 0])
             kv = batched_linear(
-                key_value, weight[:, 1:3].reshape(s, 2 * d, d), bias[:, 1:3].reshape(s, 2 * d)
+                key_value, weight[:, 1:].reshape(s, 2 * di, d), bias[:, 1:].reshape(s, 2 * di)
             )
-            k, v = kv.split(d, dim=-1)
+            k, v = kv.split(di, dim=-1)
         S, N, Tq, _ = q.shape
         Tk = k.shape[-2]
-        q = q.view(S, N, Tq, nh, hs).transpose(2, 3)  # (S, N, H, Tq, hs)
-        k = k.view(k.shape[0], N, Tk, nh, hs).transpose(2, 3)  # (S, N, H, Tk, hs)
-        v = v.view(v.shape[0], N, Tk, nh, hs).transpose(2, 3)  # (S, N, H, Tk, hs)
-        logits = q @ k.transpose(-1, -2) / math.sqrt(hs)  # (S, N, H, Tq, Tk)
-        if self.logit_scale is not None:
-            tau = flatten_draws(self.logit_scale, 1)  # (s, H)
+        q = q.view(S, N, Tq, nh, hs).transpose(2, 3)  # (S, N, H', Tq, hs)
+        k = k.view(k.shape[0], N, Tk, nh, hs).transpose(2, 3)  # (S, N, H', Tk, hs)
+        v = v.view(v.shape[0], N, Tk, nh, hs).transpose(2, 3)  # (S, N, H', Tk, hs)
+        logits = q @ k.transpose(-1, -2) / math.sqrt(hs)  # (S, N, H', Tq, Tk)
+        allowed = _allowed(key_padding_mask, attn_mask)
+        if priors.LogitScalePrior in self.priors:
+            tau = flatten_draws(self.logit_scale, 1)[:, heads]  # (s, H')
             logits = logits * tau.view(tau.shape[0], 1, nh, 1, 1)
-        weights = masked_softmax(logits, _allowed(key_padding_mask, attn_mask))
+        prior_terms = 0.0
+        if priors.AttentionLogitPrior in self.priors:
+            spec = self.priors[priors.AttentionLogitPrior]
+            log_p = spec.log_guidance(Tq, key_padding_mask, device=logits.device)  # ([N,] T, T)
+            if log_p.dim() == 3 and log_p.shape[0] not in (1, N):
+                raise ValueError(
+                    f"the guidance returned weights for {log_p.shape[0]} sequences, but the "
+                    f"input has N={N}: return (T, T) or (N, T, T)"
+                )
+            log_p = log_p.view(1, -1, 1, Tq, Tk)  # (1, N or 1, 1, T, T)
+            offset = flatten_draws(self.logit_offset, 3)[:, heads, :Tq, :Tk]  # (s, H', T, T)
+            prior_terms = log_p.masked_fill(log_p == -math.inf, 0.0) + offset[:, None]
+            guided = log_p > -math.inf
+            allowed = guided if allowed is None else allowed & guided
+            logits = logits + prior_terms
+        if self.stochastic:
+            logits = self._stochastic_logits(logits, k, prior_terms, allowed, heads)
+        weights = masked_softmax(logits, allowed)
         self.attention_weights = weights.detach()
-        ctx = self.dropout(weights) @ v  # (S, N, H, Tq, hs)
-        ctx = ctx.transpose(2, 3).reshape(ctx.shape[0], N, Tq, d)  # (S, N, Tq, d)
-        return batched_linear(ctx, weight[:, 3], bias[:, 3])
+        ctx = self.dropout(weights) @ v  # (S, N, H', Tq, hs)
+        if self.head_prior is not None:
+            gate = priors.HeadGatePrior.gate(
+                flatten_draws(self.head_global_scale, 0), flatten_draws(self.head_local_scale, 1)
+            )[:, heads]  # (s, H')
+            ctx = ctx * gate.view(gate.shape[0], 1, nh, 1, 1)
+        ctx = ctx.transpose(2, 3).reshape(ctx.shape[0], N, Tq, di)  # (S, N, Tq, d')
+        return batched_linear(ctx, out[..., :di], out[..., di])
+
+    def _stochastic_logits(
+        self,
+        logits: torch.Tensor,
+        k: torch.Tensor,
+        prior_terms: torch.Tensor | float,
+        allowed: torch.Tensor | None,
+        heads: torch.Tensor,
+    ) -> torch.Tensor:
+        """Sample the local latent logits ``(S, N, H', Tq, Tk)`` (see StochasticAttentionPrior).
+
+        Model: ``N(k_j · w_h / sqrt(d_head) + prior terms, σ_h)``; amortized guide (inside
+        ``amortized(guide)``): ``N(logits, s_h)``. Masked entries are ``N(0, 1)`` in both (their
+        KL is 0, and ``LocScaleReparam`` sees a plain Normal).
+        """
+        plate = _DATA_PLATE.get()
+        if plate is None:
+            raise ValueError(
+                "stochastic attention samples one latent per sequence: the model must run its "
+                "network inside probtransformer.attention.data_plate(pyro.plate('data', ...))"
+            )
+        name = self._pyro_get_fullname("attention_logits")
+        guide = _AMORTIZED_GUIDE.get()
+        if guide is not None:
+            loc = logits
+            scale = guide.local_scale(name, self.num_heads, logits.device)[heads]  # (H',)
+            scale = scale.view(1, 1, -1, 1, 1)
+        else:
+            w = self.prior_key_weight[heads]  # (H', hs)
+            context = torch.einsum("snhkc,hc->snhk", k, w) / math.sqrt(self.d_head)
+            loc = context[..., None, :] + prior_terms  # (S, N, H', 1 or Tq, Tk)
+            sigma = flatten_draws(self.noise_scale, 1)[:, heads]  # (s, H')
+            scale = sigma.view(sigma.shape[0], 1, -1, 1, 1)
+        shape = (max(loc.shape[0], scale.shape[0]), *logits.shape[1:])
+        loc, scale = align_draws(loc.expand(shape)), align_draws(scale.expand(shape))
+        if allowed is not None:  # masked logits: N(0, 1) in model and guide alike, KL 0
+            visible = allowed[0]  # (N or 1, 1, Tq, Tk) against (*draws, N, H', Tq, Tk)
+            loc, scale = loc.where(visible, 0.0), scale.where(visible, 1.0)
+        with plate:
+            fn = dist.Normal(loc, scale).to_event(3)
+            z = pyro.sample(name, fn, infer={LOCAL_LATENT: True})
+        return z.reshape(-1, *logits.shape[1:])
 
 
 def _allowed(

@@ -54,7 +54,9 @@ class TransformerBlock(PyroModule):
         norm_first: pre-norm if True, post-norm otherwise.
         bayesian: which of "attention", "ffn", "norm" are latent.
         weight_prior: prior spec of latent weights.
-        attention_prior: prior spec of the attention logits (see ``BayesMultiheadAttention``).
+        attention_prior: prior spec(s) of the attention logits (see ``BayesMultiheadAttention``).
+        head_prior: ``priors.HeadGatePrior`` on per-head gates, or None.
+        max_len: longest sequence (needed by an ``AttentionLogitPrior``).
 
     Shapes:
         ``forward(h, key_padding_mask=(N, T), attn_mask=(T, T))``: ``(s, N, T, d)`` ->
@@ -71,7 +73,9 @@ class TransformerBlock(PyroModule):
         norm_first: bool = True,
         bayesian: frozenset[str] = frozenset({"attention"}),
         weight_prior: priors.Normal | None = None,
-        attention_prior: priors.LogitScalePrior | None = None,
+        attention_prior=None,
+        head_prior: priors.HeadGatePrior | None = None,
+        max_len: int | None = None,
     ) -> None:
         super().__init__()
         self.norm_first = norm_first
@@ -81,6 +85,8 @@ class TransformerBlock(PyroModule):
             bayesian="attention" in bayesian,
             weight_prior=weight_prior,
             attention_prior=attention_prior,
+            head_prior=head_prior,
+            max_len=max_len,
             dropout=dropout,
         )
         self.ffn = FeedForward(

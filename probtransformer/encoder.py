@@ -16,8 +16,8 @@ class TransformerEncoder(PyroModule):
 
     Args:
         num_layers: number of blocks ``L``.
-        d_model, num_heads, d_ff, dropout, norm_first, bayesian, weight_prior, attention_prior:
-            passed to every ``TransformerBlock``.
+        d_model, num_heads, d_ff, dropout, norm_first, bayesian, weight_prior, attention_prior,
+        head_prior, max_len: passed to every ``TransformerBlock``.
         causal: each query sees only keys at or before its own position.
 
     Shapes:
@@ -36,7 +36,9 @@ class TransformerEncoder(PyroModule):
         causal: bool = False,
         bayesian: frozenset[str] = frozenset({"attention"}),
         weight_prior: priors.Normal | None = None,
-        attention_prior: priors.LogitScalePrior | None = None,
+        attention_prior=None,
+        head_prior: priors.HeadGatePrior | None = None,
+        max_len: int | None = None,
     ) -> None:
         super().__init__()
         self.causal = causal
@@ -51,6 +53,8 @@ class TransformerEncoder(PyroModule):
                     bayesian=bayesian,
                     weight_prior=weight_prior,
                     attention_prior=attention_prior,
+                    head_prior=head_prior,
+                    max_len=max_len,
                 )
                 for _ in range(num_layers)
             ]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 
+import pyro.poutine.runtime
 import torch
 import torch.nn.functional as F
 from pyro.nn import PyroModule, PyroSample
@@ -29,6 +30,37 @@ def flatten_draws(value: torch.Tensor, event_rank: int) -> torch.Tensor:
     ``(out, in)`` -> ``(1, out, in)``; ``(S, 1, out, in)`` -> ``(S, out, in)``.
     """
     return value.reshape(-1, *value.shape[value.dim() - event_rank :])
+
+
+def draw_batch_shape() -> tuple[int, ...]:
+    """Sizes of the vectorizing plates (dim <= -2) around the current model call.
+
+    ``Predictive(parallel=True)`` and vectorized ELBO particles wrap the model in a plate at dim
+    -2; the data plate owns dim -1. Outside any such plate this is ``()``.
+    """
+    frames = [f for f in pyro.poutine.runtime.get_plates() if f.vectorized and f.dim < -1]
+    if not frames:
+        return ()
+    rank = -min(f.dim for f in frames)
+    shape = [1] * (rank - 1)
+    for f in frames:
+        shape[rank + f.dim] = f.size
+    return tuple(shape)
+
+
+def align_draws(value: torch.Tensor) -> torch.Tensor:
+    """Reshape a network output ``(s, N, ...)`` to ``(*draw_batch_shape(), N, ...)``.
+
+    ``s`` is the product of the vectorizing plate sizes (every latent was drawn under them) or 1
+    (no latent was: the output is broadcast).
+    """
+    lead = draw_batch_shape()
+    if not lead:
+        return value[0] if value.shape[0] == 1 else value
+    size = torch.Size(lead).numel()
+    if value.shape[0] == size:
+        return value.reshape(*lead, *value.shape[1:])
+    return value[0].expand(*lead, *value.shape[1:])
 
 
 def batched_linear(

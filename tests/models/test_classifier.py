@@ -119,7 +119,12 @@ def test_bad_constructor_arguments_raise(kwargs, word):
         (dict(bayesian=None), TypeError, "bayesian must be a str or an iterable of str"),
         (dict(bayesian=("attention", 3)), TypeError, "bayesian must be a str"),
         (dict(weight_prior="normal"), TypeError, "weight_prior must be a priors.Normal"),
-        (dict(attention_prior=1.0), TypeError, "attention_prior must be a priors.LogitScalePrior"),
+        (
+            dict(attention_prior=1.0),
+            TypeError,
+            "attention_prior must be None, one of LogitScalePrior",
+        ),
+        (dict(head_prior=priors.Normal()), TypeError, "head_prior must be a priors.HeadGatePrior"),
         (dict(num_classes=1), ValueError, "num_classes must be >= 2"),
     ],
 )

@@ -211,7 +211,7 @@ def test_logit_scale_site_has_lognormal_prior():
     torch.testing.assert_close(proj["fn"].stddev, torch.full((4, D, D + 1), 1 / math.sqrt(D)))
     median = tau["fn"].base_dist.icdf(torch.tensor(0.5))
     torch.testing.assert_close(median, torch.ones(4))
-    assert BayesMultiheadAttention(D, 4).logit_scale is None  # no attention prior, no site
+    assert not hasattr(BayesMultiheadAttention(D, 4), "logit_scale")  # no attention prior, no site
 
 
 # -- numerics against PyTorch -------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Inference for Bayesian Transformers: fits that return one ``Posterior``."""
 
+from probtransformer.inference.baselines import fit_ensemble, fit_map, fit_mc_dropout
 from probtransformer.inference.mcmc import fit_mcmc
 from probtransformer.inference.posterior import Posterior
 from probtransformer.inference.prediction import (
@@ -17,6 +18,9 @@ __all__ = [
     "PosteriorAttention",
     "Prediction",
     "RegressionPrediction",
+    "fit_ensemble",
+    "fit_map",
+    "fit_mc_dropout",
     "fit_mcmc",
     "fit_svi",
     "load_posterior",

@@ -10,6 +10,7 @@ import pandas as pd
 
 from probtransformer.datasets import SequenceData
 from probtransformer.inference._arviz import az, pareto_khat
+from probtransformer.inference.guides import AmortizedGuide
 
 #: Thresholds of the verdict (Vehtari et al. 2021 for R-hat/ESS; Vehtari et al. 2024 for k-hat).
 RHAT_MAX = 1.01
@@ -34,7 +35,9 @@ def diagnose(
     its number of scalars, mean posterior sd and, for two or more chains, max R-hat and min
     bulk/tail ESS (ArviZ; rank-normalised, Vehtari et al. 2021). They are NaN for SVI: its draws
     are independent guide samples, so the ESS equals the number of draws by construction and
-    says nothing about the fit. The verdict flags:
+    says nothing about the fit, and for MC dropout and deep ensembles, whose draws are dropout
+    passes or independently fitted members, not a Markov chain (the verdict says so). The verdict
+    flags:
 
     - MCMC: max R-hat > 1.01, min bulk/tail ESS < 100 per chain, divergent transitions, E-BFMI
       < 0.3 in any chain (Betancourt 2016), NUTS transitions at ``max_tree_depth``;
@@ -77,7 +80,17 @@ def diagnose(
         + (", PARTIAL: sampling was interrupted" if record.get("partial") else "")
         + "):"
     ]
-    if chains < 2:
+    if posterior.mc_dropout or posterior.members is not None:
+        verdict.append(
+            "n/a   R-hat and ESS do not apply: "
+            + (
+                "MC-dropout draws are forward passes with independent dropout masks around one "
+                "MAP fit (the latent sites hold its point values), not a Markov chain"
+                if posterior.mc_dropout
+                else "ensemble draws are independently fitted members, not a Markov chain"
+            )
+        )
+    elif chains < 2:
         verdict.append(
             "n/a   R-hat and ESS need two or more chains"
             + (
@@ -112,7 +125,16 @@ def diagnose(
                 f"(flag > {ELBO_CHANGE_PER_OBS_MAX}: not converged, the guide is still moving)",
             )
         )
-    if data is not None and posterior.guide is not None and not posterior.is_point_estimate:
+    if data is not None and isinstance(posterior.guide, AmortizedGuide):
+        verdict.append(
+            "n/a   PSIS k-hat of the guide: not computed for local latents (stochastic "
+            "attention, amortized guide)"
+        )
+    elif (
+        data is not None
+        and posterior.guide is not None
+        and not (posterior.is_point_estimate or posterior.mc_dropout)
+    ):
         log_weights = posterior.log_importance_weights(data, num_samples=num_samples, seed=seed)
         k_hat = pareto_khat(log_weights)
         table.attrs["guide_k_hat"] = k_hat

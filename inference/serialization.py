@@ -50,23 +50,28 @@ def save_posterior(posterior: Posterior, path: str | os.PathLike) -> None:
     """Write ``posterior`` to directory ``path``.
 
     Layout: ``posterior.json`` (format_version, model class path and config, method, guide kind,
-    record) and ``tensors.pt`` (model and guide state dicts, draws, the example rows used to
-    rebuild the guide) — tensors only, so loading never unpickles objects. Files are written to
+    ``mc_dropout``, record) and ``tensors.pt`` (model and guide state dicts, draws, the example
+    rows used to rebuild the guide and, for ensembles, ``members``: each member's model
+    parameters) — tensors only, so loading never unpickles objects. Files are written to
     a staging directory next to ``path`` and moved into place at the end; an existing saved
     posterior at ``path`` is replaced, anything else there is never deleted.
 
     Raises:
         TypeError: ``path`` is not a str or path.
-        ValueError: ``path`` is a file, or a directory holding other files.
+        ValueError: ``path`` is a file, or a directory holding other files; the model cannot
+            be rebuilt from its config (e.g. a callable attention guidance).
         OSError: the directory cannot be written (the message names ``path``).
     """
     target = _save_target(path)
     model = posterior.model
+    if hasattr(type(model), "from_config"):
+        type(model).from_config(model.config)  # fail now, not at load time (callable priors)
     meta = {
         "format_version": FORMAT_VERSION,
         "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
         "config": model.config,
         "guide": posterior.record.get("guide") if posterior.guide is not None else None,
+        "mc_dropout": posterior.mc_dropout,
         "record": posterior.record,
     }
     tensors = {
@@ -87,6 +92,8 @@ def save_posterior(posterior: Posterior, path: str | os.PathLike) -> None:
             "mask": posterior.example.mask,
         },
     }
+    if posterior.members is not None:  # only then: saves of other posteriors keep their layout
+        tensors["members"] = {k: v.cpu() for k, v in posterior.members.items()}
     staging = None
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -159,8 +166,17 @@ def load_posterior(path: str | os.PathLike, *, device: str | torch.device = "cpu
         samples = tensors["samples"]
         if samples is not None:
             samples = {k: v.to(device) for k, v in samples.items()}
+        members = tensors.get("members")  # absent from saves before ensembles, and non-ensembles
+        if members is not None:
+            members = {k: v.to(device) for k, v in members.items()}
         return Posterior(
-            model, record=meta["record"], example=example, guide=guide, samples=samples
+            model,
+            record=meta["record"],
+            example=example,
+            guide=guide,
+            samples=samples,
+            members=members,
+            mc_dropout=meta.get("mc_dropout", False),
         )
     except (RuntimeError, pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError) as e:
         raise ValueError(

@@ -1,0 +1,191 @@
+"""Baselines behind the same ``Posterior`` API: MAP, MC dropout and deep ensembles.
+
+Each is ``fit_*(model, data, **settings)`` like ``fit_svi`` and returns a ``Posterior``, so
+predictions, attention, ArviZ export, diagnostics and saving work the same way. All three build
+on ``fit_map``, which is ``fit_svi(guide="delta")``: the same settings, defaults and checks.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+
+import torch
+
+from probtransformer.datasets import SequenceData
+from probtransformer.inference.guides import has_local_latents
+from probtransformer.inference.posterior import Posterior, check_model, dropout_modules
+from probtransformer.inference.svi import _check_positive_int, fit_svi
+
+#: ``fit_svi``'s signature without ``guide``: what ``fit_map`` and ``fit_mc_dropout`` accept.
+_MAP_SIGNATURE = inspect.signature(fit_svi).replace(
+    parameters=[p for p in inspect.signature(fit_svi).parameters.values() if p.name != "guide"]
+)
+
+
+def fit_map(model: torch.nn.Module, data: SequenceData, **kwargs) -> Posterior:
+    """Maximum a posteriori fit: ``fit_svi(model, data, guide="delta", **kwargs)``.
+
+    An ``AutoDelta`` guide puts a point mass on every latent site; SVI with it maximises the log
+    joint density ``log p(data, theta)`` (prior included), while the model's plain parameters are
+    optimised jointly as in every SVI fit. The model is deep-copied and re-initialised from
+    ``seed``: two calls with the same settings give the same numbers on one machine.
+
+    Args:
+        model: a ``PyroModule`` following the model protocol (DESIGN.md).
+        data: training split; ``data.y`` required.
+        **kwargs: every keyword argument of ``fit_svi`` except ``guide`` (``num_steps``,
+            ``batch_size``, ``lr``, ``lr_decay``, ``num_particles``, ``init_scale``, ``device``,
+            ``seed``, ``progress``), with its defaults.
+
+    Returns:
+        A point-estimate ``Posterior`` (``is_point_estimate``; predictions use one draw, so
+        ``probs`` is ``(1, N, C)`` and the epistemic part is 0); ``record["method"] == "map"``,
+        ``record["elbo"]`` the log joint per step (nats, full-data scale).
+
+    Raises:
+        TypeError: ``guide=`` given (MAP is always the point mass), an unknown keyword, or a
+            bad model or data; ValueError: bad settings (see ``fit_svi``).
+        NonFiniteELBOError: the objective or a gradient became NaN/inf.
+    """
+    if "guide" in kwargs:
+        raise TypeError(
+            "fit_map() got an unexpected keyword argument 'guide': MAP always uses the point-mass "
+            "AutoDelta guide; use fit_svi(guide=...) for another variational family"
+        )
+    try:
+        _MAP_SIGNATURE.bind(model, data, **kwargs)
+    except TypeError as e:
+        raise TypeError(f"fit_map(): {e}") from None
+    posterior = fit_svi(model, data, guide="delta", **kwargs)
+    posterior.record["method"] = "map"
+    return posterior
+
+
+fit_map.__signature__ = _MAP_SIGNATURE
+
+
+def fit_mc_dropout(model: torch.nn.Module, data: SequenceData, **kwargs) -> Posterior:
+    """Monte Carlo dropout (Gal & Ghahramani 2016, "Dropout as a Bayesian approximation").
+
+    Fits the model by MAP (``fit_map``; its dropout modules are active during training as in
+    any fit), then keeps the model's own ``torch.nn.Dropout`` modules active at prediction: each
+    posterior draw is one forward pass with fresh dropout masks, all other modules in eval mode.
+    Draws are reproducible through the ``seed`` of ``predict``/``attention``/... and differ from
+    each other. The latent sites hold their MAP values in every draw (``draws`` repeats them);
+    the spread comes from the masks. Attention weights are recorded before attention dropout, so
+    the first layer's attention is the same in every draw.
+
+    Args:
+        model: a ``PyroModule`` following the model protocol with at least one
+            ``torch.nn.Dropout`` of ``p > 0`` (e.g. ``SequenceClassifier(..., dropout=0.1)``).
+        data: training split; ``data.y`` required.
+        **kwargs: the keyword arguments of ``fit_map`` (those of ``fit_svi`` except ``guide``).
+
+    Returns:
+        A ``Posterior`` with ``mc_dropout=True`` (not a point estimate): ``predict(x,
+        num_samples=S)`` runs ``S`` passes, ``probs (S, N, C)``; ``to_inference_data`` has one
+        chain of ``S`` draws. ``record["method"] == "mc-dropout"``, ``record["dropout"]`` the
+        dropout probabilities in the model, plus ``fit_map``'s record.
+
+    Raises:
+        ValueError: the model has no ``nn.Dropout`` with ``p > 0``; bad settings (``fit_svi``).
+        TypeError: ``guide=``, an unknown keyword, or a bad model or data.
+        NonFiniteELBOError: the MAP objective or a gradient became NaN/inf.
+    """
+    check_model(model)
+    modules = dropout_modules(model)
+    if not modules:
+        raise ValueError(
+            f"MC dropout needs dropout in the model: {type(model).__name__} has no "
+            "torch.nn.Dropout module with p > 0; build it with dropout > 0, e.g. "
+            "SequenceClassifier(..., dropout=0.1)"
+        )
+    fitted = fit_map(model, data, **kwargs)
+    record = dict(fitted.record, method="mc-dropout", dropout=sorted({m.p for m in modules}))
+    return Posterior(
+        fitted.model, guide=fitted.guide, record=record, example=fitted.example, mc_dropout=True
+    )
+
+
+fit_mc_dropout.__signature__ = _MAP_SIGNATURE
+
+
+def fit_ensemble(
+    model: torch.nn.Module,
+    data: SequenceData,
+    *,
+    n_members: int = 5,
+    seed: int = 0,
+    progress: bool = True,
+    **kwargs,
+) -> Posterior:
+    """Deep ensemble (Lakshminarayanan, Pritzel & Blundell 2017) of ``n_members`` MAP fits.
+
+    Member ``k`` is ``fit_map(model, data, seed=seed + k, **kwargs)``: its own re-initialised
+    copy of the model, its own mini-batch order. The members are the posterior draws. Both
+    their latent values and their point-estimate parameters (the model's plain
+    ``nn.Parameter``s: embedding, FFN, LayerNorm by default) differ, so the ``Posterior`` keeps
+    every member's parameters (``members``) and copies them into the model for that member's
+    forward pass.
+
+    Args:
+        model: a ``PyroModule`` following the model protocol.
+        data: training split; ``data.y`` required.
+        n_members: ensemble size ``M``.
+        seed: member ``k`` is fitted with seed ``seed + k``.
+        progress: show a tqdm bar per member.
+        **kwargs: the other keyword arguments of ``fit_map`` (``fit_svi``'s except ``guide``).
+
+    Returns:
+        A ``Posterior`` with ``samples {site: (1, M, *shape)}`` and ``members {name: (1, M,
+        *shape)}``: one chain of ``M`` draws. ``predict`` uses every member by default; a
+        smaller ``num_samples`` thins them evenly, never more draws than members.
+        ``record["method"] == "ensemble"``, ``record["members"]`` each member's ``seed``,
+        ``final_loss`` (negative log joint of its last step, nats) and ``seconds``;
+        ``record["seconds"]`` the total.
+
+    Raises:
+        TypeError: ``n_members`` not an int, ``guide=``, an unknown keyword, bad model or data.
+        ValueError: ``n_members < 1``; a model with local latents (stochastic attention); bad
+            settings (``fit_svi``).
+        NonFiniteELBOError: a member's objective or gradient became NaN/inf.
+    """
+    _check_positive_int("n_members", n_members)
+    if has_local_latents(model):
+        raise ValueError(
+            "fit_ensemble keeps each member's point estimates but not an amortized guide, so the "
+            "local latents of stochastic attention would be drawn from their prior: fit such "
+            "models with fit_svi, fit_mc_dropout or fit_mcmc"
+        )
+    start = time.perf_counter()
+    fits = [
+        fit_map(model, data, seed=seed + k, progress=progress, **kwargs) for k in range(n_members)
+    ]
+    seconds = time.perf_counter() - start
+    draws = [fit.draws(1) for fit in fits]  # {site: (1, 1, *shape)} each
+    samples = {site: torch.cat([d[site] for d in draws], dim=1) for site in draws[0]}
+    states = [dict(fit.model.named_parameters()) for fit in fits]
+    members = {name: torch.stack([s[name].detach() for s in states])[None] for name in states[0]}
+    record = {k: v for k, v in fits[0].record.items() if k not in ("elbo", "seconds")}
+    record.update(
+        method="ensemble",
+        seed=seed,
+        n_members=n_members,
+        members=[
+            dict(
+                seed=fit.record["seed"],
+                final_loss=-fit.record["elbo"][-1],
+                seconds=fit.record["seconds"],
+            )
+            for fit in fits
+        ],
+        seconds=seconds,
+    )
+    first = fits[0]
+    return Posterior(
+        first.model, samples=samples, members=members, record=record, example=first.example
+    )
+
+
+__all__ = ["fit_ensemble", "fit_map", "fit_mc_dropout"]

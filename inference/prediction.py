@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 import pandas as pd
@@ -18,6 +20,42 @@ def _entropy(probs: torch.Tensor) -> torch.Tensor:
 def _check_prob(prob: float) -> None:
     if not (isinstance(prob, (int, float)) and 0 < prob < 1):
         raise ValueError(f"prob must be in (0, 1), got {prob!r}")
+
+
+def _kept(
+    scores: dict[str, torch.Tensor],
+    score: str,
+    threshold: float | None,
+    coverage: float | None,
+) -> torch.Tensor:
+    """The ``reject`` rule shared by ``Prediction`` and ``RegressionPrediction``.
+
+    ``scores`` maps each allowed score name to a (lazily computed) ``(N,)`` uncertainty.
+    """
+    if not isinstance(score, str):
+        raise TypeError(f"score must be a str, one of {sorted(scores)}, got {type(score).__name__}")
+    if score not in scores:
+        raise ValueError(f"score must be one of {sorted(scores)}, got {score!r}")
+    if (threshold is None) == (coverage is None):
+        given = "both were given" if threshold is not None else "neither was given"
+        raise ValueError(f"give exactly one of threshold and coverage; {given}")
+    for name, value in (("threshold", threshold), ("coverage", coverage)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+            raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    uncertainty = scores[score]()
+    if threshold is not None:
+        if not (math.isfinite(threshold) and threshold >= 0):
+            raise ValueError(f"threshold must be a finite number >= 0, got {threshold!r}")
+        return uncertainty <= threshold
+    if not 0 < coverage <= 1:  # False for NaN as well
+        raise ValueError(f"coverage must be in (0, 1], got {coverage!r}")
+    n = uncertainty.shape[0]
+    # at least the requested fraction; rounded first so that 0.3 * 10 keeps 3, not 4
+    count = max(1, math.ceil(round(coverage * n, 9)))
+    order = torch.argsort(uncertainty, stable=True)  # ties: input order
+    keep = torch.zeros(n, dtype=torch.bool)
+    keep[order[:count]] = True
+    return keep
 
 
 @dataclass(frozen=True)
@@ -69,6 +107,51 @@ class Prediction:
             ValueError: ``prob`` not in (0, 1).
         """
         return _quantiles(self.probs, prob)
+
+    def reject(
+        self,
+        *,
+        threshold: float | None = None,
+        coverage: float | None = None,
+        score: str = "entropy",
+    ) -> torch.Tensor:
+        """Selective prediction: which inputs to keep (predict on) and which to reject (abstain).
+
+        Inputs are ranked by an uncertainty ``score`` (higher = less certain):
+
+        - ``"entropy"``: total predictive entropy in nats (the default);
+        - ``"epistemic"``: mutual information between label and weights, nats (what more data
+          would reduce; the usual score for out-of-distribution inputs);
+        - ``"aleatoric"``: expected entropy of the per-draw predictions, nats;
+        - ``"least_confidence"``: ``1 - max_c mean[:, c]``, one minus the top predictive
+          probability (the softmax response of Geifman & El-Yaniv 2017).
+
+        Give exactly one of ``threshold`` (keep every input whose score is ``<= threshold``) or
+        ``coverage`` (keep the ``ceil(coverage * N)`` inputs with the lowest score, at least one;
+        ties are broken by input order, so the count is exact).
+
+        Args:
+            threshold: finite number ``>= 0`` in the score's units.
+            coverage: fraction of inputs to keep, in ``(0, 1]``.
+            score: one of the names above.
+
+        Returns:
+            ``(N,)`` bool tensor, True = keep (predict), False = reject.
+
+        Raises:
+            ValueError: both or neither of ``threshold`` and ``coverage`` given, ``coverage``
+                outside (0, 1] or NaN, ``threshold`` negative, NaN or infinite, unknown
+                ``score``.
+            TypeError: ``threshold`` or ``coverage`` not a real number (bools refused),
+                ``score`` not a str.
+        """
+        scores = {
+            "entropy": lambda: self.entropy,
+            "epistemic": lambda: self.epistemic,
+            "aleatoric": lambda: self.aleatoric,
+            "least_confidence": lambda: 1 - self.mean.max(-1).values,
+        }
+        return _kept(scores, score, threshold, coverage)
 
     def __repr__(self) -> str:
         draws, n, classes = self.probs.shape
@@ -149,6 +232,44 @@ class RegressionPrediction:
             ValueError: ``prob`` not in (0, 1).
         """
         return _quantiles(self.samples, prob)
+
+    def reject(
+        self,
+        *,
+        threshold: float | None = None,
+        coverage: float | None = None,
+        score: str = "std",
+    ) -> torch.Tensor:
+        """Selective prediction: which inputs to keep (predict on) and which to reject (abstain).
+
+        Inputs are ranked by an uncertainty ``score`` (higher = less certain): ``"std"`` the
+        predictive standard deviation (the default, in the units of ``y``), ``"epistemic"`` or
+        ``"aleatoric"`` its variance parts (units of ``y`` squared). For vector targets the
+        score is averaged over the output dims. Give exactly one of ``threshold`` (keep every
+        input whose score is ``<= threshold``) or ``coverage`` (keep the ``ceil(coverage * N)``
+        inputs with the lowest score, at least one; ties broken by input order).
+
+        Args:
+            threshold: finite number ``>= 0`` in the score's units.
+            coverage: fraction of inputs to keep, in ``(0, 1]``.
+            score: ``"std"``, ``"epistemic"`` or ``"aleatoric"``.
+
+        Returns:
+            ``(N,)`` bool tensor, True = keep (predict), False = reject.
+
+        Raises:
+            ValueError, TypeError: as for ``Prediction.reject``.
+        """
+
+        def per_input(value: torch.Tensor) -> torch.Tensor:
+            return value.reshape(value.shape[0], -1).mean(-1)  # (N,)
+
+        scores = {
+            "std": lambda: per_input(self.std),
+            "epistemic": lambda: per_input(self.epistemic),
+            "aleatoric": lambda: per_input(self.aleatoric),
+        }
+        return _kept(scores, score, threshold, coverage)
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per input: ``mean``, ``std``, ``aleatoric``, ``epistemic`` (variances) and the

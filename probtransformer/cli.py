@@ -1,8 +1,9 @@
-"""Command-line interface: ``probtransformer fit | diagnose | predict``.
+"""Command-line interface: ``probtransformer fit | diagnose | predict | report``.
 
 Commands:
-    fit       Fit a ``SequenceClassifier`` to a dataset by SVI, MAP or MCMC (NUTS/HMC) and write
-              a run directory (default ``runs/<dataset>-<inference>``)::
+    fit       Fit a ``SequenceClassifier`` to a dataset by SVI, MAP, MCMC (NUTS/HMC), MC dropout
+              or a deep ensemble and write a run directory (default
+              ``runs/<dataset>-<inference>``)::
 
                   metrics.json        test-split accuracy, nll, ece (15 equal-width bins),
                                       brier, mean_epistemic, sizes, fit seconds, settings
@@ -25,6 +26,11 @@ Commands:
     predict   Posterior predictive of a run for new sequences (``.npy`` of shape (N, T, F), or
               ``.csv`` with one flattened sequence of T*F values per row) as CSV with columns
               ``prob_<class>``, ``predicted``, ``entropy``, ``aleatoric``, ``epistemic`` (nats).
+    report    Write ``report.html`` into a run directory: one self-contained page (inline CSS,
+              figures as base64 PNGs) with the metrics, reliability diagram, risk-coverage
+              curves, posterior attention, head importance and diagnostics
+              (``probtransformer.report.write_report``). A later ``fit --out`` over the same
+              directory replaces the whole run, report included.
 
 Model and fit options left unset take the library defaults (``SequenceClassifier``,
 ``fit_svi``, ``fit_mcmc``), so tuning the library tunes the CLI; ``probtransformer fit --help``
@@ -66,11 +72,24 @@ INFERENCE_DATA_FILE = "inference_data.nc"
 POSTERIOR_DIR = "posterior"
 ATTENTION_FILE = "attention.png"
 RELIABILITY_FILE = "reliability.png"
-RUN_FILES = (METRICS_FILE, INFERENCE_DATA_FILE, POSTERIOR_DIR, ATTENTION_FILE, RELIABILITY_FILE)
+REPORT_FILE = "report.html"  # written by ``probtransformer report``, not by fit
+#: Everything a run directory may hold (``fit --out`` replaces such a directory, nothing else).
+RUN_FILES = (
+    METRICS_FILE,
+    INFERENCE_DATA_FILE,
+    POSTERIOR_DIR,
+    ATTENTION_FILE,
+    RELIABILITY_FILE,
+    REPORT_FILE,
+)
 ECE_BINS = 15  # equal-width bins of the reported ECE and the reliability diagram
-INFERENCES = ("svi", "map", "mcmc")
-INFERENCE_GUIDES = {"svi": None, "map": "delta"}  # None: the guide is --guide's (or fit_svi's)
-SVI_OPTIONS = ("guide", "num_steps", "batch_size", "lr")  # fit_svi settings: svi and map only
+INFERENCES = ("svi", "map", "mcmc", "mc-dropout", "ensemble")
+#: None: the guide is --guide's (or fit_svi's); the baselines are MAP fits (AutoDelta)
+INFERENCE_GUIDES = {"svi": None, "map": "delta", "mc-dropout": "delta", "ensemble": "delta"}
+SVI_OPTIONS = ("guide", "num_steps", "batch_size", "lr")  # fit_svi settings: all but mcmc
+ENSEMBLE_OPTIONS = ("n_members",)  # fit_ensemble settings: ensemble only
+#: The MAP-based fits of ``probtransformer.inference.baselines``, by --inference.
+MAP_FITS = {"map": "fit_map", "mc-dropout": "fit_mc_dropout", "ensemble": "fit_ensemble"}
 MCMC_OPTIONS = (  # fit_mcmc settings: mcmc only
     "kernel",
     "num_chains",
@@ -156,13 +175,14 @@ class _DatasetNames:
 
 def _library_functions() -> dict[str, Callable[..., Any]]:
     """The library callables whose defaults unset options take (imported on demand)."""
-    from probtransformer.inference import Posterior, fit_mcmc, fit_svi
+    from probtransformer.inference import Posterior, fit_ensemble, fit_mcmc, fit_svi
     from probtransformer.models import SequenceClassifier
 
     return {
         "model": SequenceClassifier.__init__,
         "fit": fit_svi,
         "mcmc": fit_mcmc,
+        "ensemble": fit_ensemble,
         "predict": Posterior.predict,
         "diagnose": Posterior.diagnose,
     }
@@ -241,14 +261,15 @@ def _parts(text: str) -> tuple[str, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``probtransformer`` with its three sub-commands.
+    """The argument parser of ``probtransformer`` with its sub-commands.
 
     Returns:
         An ``ArgumentParser`` whose errors print one line and exit with status 2.
     """
     parser = _Parser(
         prog=PROG,
-        description="Bayesian Transformers in Pyro: fit, diagnose and predict from the shell.",
+        description="Bayesian Transformers in Pyro: fit, diagnose, predict and report from the "
+        "shell.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -262,7 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
         "'mcmc: ...' shows what --inference mcmc uses instead (a small model and short chains, "
         "a few minutes on 2 CPU cores).",
         formatter_class=functools.partial(
-            _LibraryDefaultsFormatter, sources=("model", "fit", "predict", "mcmc"), mcmc=True
+            _LibraryDefaultsFormatter,
+            sources=("model", "fit", "predict", "mcmc", "ensemble"),
+            mcmc=True,
         ),
     )
     fit.set_defaults(handler=_fit)
@@ -277,8 +300,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--inference",
         default="svi",
         choices=INFERENCES,
-        help="svi; map: a point estimate, fit_svi with guide delta; mcmc: fit_mcmc, HMC or NUTS "
-        "(default: %(default)s)",
+        help="svi; map: a point estimate, fit_map (fit_svi with guide delta); mcmc: fit_mcmc, "
+        "HMC or NUTS; "
+        "mc-dropout: MAP with dropout kept on at prediction (fit_mc_dropout, needs --dropout > "
+        "0); ensemble: a deep ensemble of MAP fits (fit_ensemble) (default: %(default)s)",
     )
     fit.add_argument(
         "--num-train",
@@ -305,13 +330,20 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument(
         "--no-progress", dest="progress", action="store_false", help="hide the progress bar"
     )
-    svi = fit.add_argument_group("svi and map only")
+    svi = fit.add_argument_group("svi, map, mc-dropout and ensemble only")
     svi.add_argument(
         "--guide", choices=("normal", "lowrank", "mvn", "delta"), help="SVI variational family"
     )
     svi.add_argument("--num-steps", type=_positive_int, metavar="N", help="optimisation steps")
     svi.add_argument("--batch-size", type=_positive_int, metavar="N", help="sequences per step")
     svi.add_argument("--lr", type=float, help="initial Adam learning rate")
+    ensemble = fit.add_argument_group("ensemble only")
+    ensemble.add_argument(
+        "--n-members",
+        type=_positive_int,
+        metavar="K",
+        help="ensemble members, fitted with seeds seed, seed+1, ...",
+    )
     mcmc = fit.add_argument_group("mcmc only")
     mcmc.add_argument("--kernel", choices=("nuts", "hmc"), help="MCMC kernel")
     mcmc.add_argument("--num-chains", type=_positive_int, metavar="N", help="independent chains")
@@ -345,7 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         help="trace the log density with the PyTorch JIT",
     )
-    model = fit.add_argument_group("model size")
+    model = fit.add_argument_group("model")
     model.add_argument("--d-model", type=_positive_int, metavar="N", help="model width")
     model.add_argument("--num-heads", type=_positive_int, metavar="N", help="heads per layer")
     model.add_argument("--num-layers", type=_positive_int, metavar="N", help="Transformer blocks")
@@ -356,6 +388,27 @@ def build_parser() -> argparse.ArgumentParser:
         type=_parts,
         metavar="PARTS",
         help="comma-separated latent parts among embedding,attention,ffn,norm,head ('' for none)",
+    )
+    model.add_argument(
+        "--head-gates",
+        action="store_true",
+        default=None,
+        help="horseshoe gates on the heads (priors.HeadGatePrior); the report shows their "
+        "posterior importance",
+    )
+    model.add_argument(
+        "--stochastic-attention",
+        action="store_true",
+        default=None,
+        help="attention logits as local latents (priors.StochasticAttentionPrior, amortized "
+        "guide); with mcmc at most 50 training sequences",
+    )
+    model.add_argument(
+        "--local-window",
+        type=_int_at_least(0),
+        metavar="W",
+        help="guidance prior: attention near |i - j| <= W (priors.AttentionLogitPrior with "
+        "local_window(W, outside=0.01), strength 1)",
     )
 
     diagnose = commands.add_parser(
@@ -385,6 +438,25 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--output", metavar="FILE", help="CSV to write (default: stdout)")
     predict.add_argument("--num-samples", type=_positive_int, metavar="S", help="posterior draws")
     predict.add_argument("--seed", type=int, help="seeds the draws")
+
+    report = commands.add_parser(
+        "report",
+        help=f"write a self-contained {REPORT_FILE} into a run directory",
+        description=f"Write DIR/{REPORT_FILE}: one HTML file with inline CSS and every figure "
+        "embedded as a PNG, with sections metrics, reliability, risk-coverage (by total entropy "
+        "and by epistemic uncertainty, with AURC), attention (posterior mean and sd per layer "
+        "and head), head-importance and diagnostics. The test and training rows are reloaded "
+        f"from the dataset and seed in {METRICS_FILE}.",
+    )
+    report.set_defaults(handler=_report)
+    report.add_argument("run_dir", metavar="DIR", help="run directory written by fit")
+    report.add_argument(
+        "--num-samples",
+        type=_positive_int,
+        metavar="S",
+        help=f"posterior draws (default: the run's, from {METRICS_FILE})",
+    )
+    report.add_argument("--seed", type=int, help="seeds the draws (default: the run's seed)")
     return parser
 
 
@@ -465,13 +537,14 @@ def _fit(args: argparse.Namespace) -> None:
             d_ff=args.d_ff,
             dropout=args.dropout,
             bayesian=args.bayesian,
+            **_attention_priors(args),
         ),
     )
     with _intra_op_threads(args.threads):
         start = time.perf_counter()
         if args.inference == "mcmc":
             post = _fit_mcmc(model, splits.train, args)
-        else:
+        else:  # svi and the MAP-based fits
             post = _fit_svi(model, splits.train, args, guide)
         seconds = time.perf_counter() - start
 
@@ -503,6 +576,26 @@ def _fit(args: argparse.Namespace) -> None:
     _print_metrics(target, record)
 
 
+def _attention_priors(args: argparse.Namespace) -> dict[str, Any]:
+    """``attention_prior``/``head_prior`` of the model from the --head-gates,
+    --stochastic-attention and --local-window flags (nothing when none is given)."""
+    from probtransformer import priors
+
+    specs = []
+    if args.stochastic_attention:
+        specs.append(priors.StochasticAttentionPrior())
+    if args.local_window is not None:
+        specs.append(
+            priors.AttentionLogitPrior(priors.local_window(args.local_window, outside=0.01))
+        )
+    kwargs: dict[str, Any] = {}
+    if specs:
+        kwargs["attention_prior"] = (priors.LogitScalePrior(), *specs)
+    if args.head_gates:
+        kwargs["head_prior"] = priors.HeadGatePrior()
+    return kwargs
+
+
 def _prediction_draws(post, num_samples: int | None) -> int | None:
     """``--num-samples``; unset: every kept draw of a sampled posterior, None (the library
     default) for SVI."""
@@ -523,10 +616,13 @@ def _check_applicable(args: argparse.Namespace) -> None:
     """
     if args.inference == "mcmc":
         given = [_option(d) for d in SVI_OPTIONS if getattr(args, d) is not None]
-        applies_to = "--inference svi and map"
+        applies_to = "--inference svi, map, mc-dropout and ensemble"
     else:
         given = [_option(d) for d in MCMC_OPTIONS if getattr(args, d) is not None]
         applies_to = "--inference mcmc"
+    if not given and args.inference != "ensemble":
+        given = [_option(d) for d in ENSEMBLE_OPTIONS if getattr(args, d) is not None]
+        applies_to = "--inference ensemble"
     if given:
         verb = "applies" if len(given) == 1 else "apply"
         raise CLIError(f"{', '.join(given)} {verb} to {applies_to}, not {args.inference}")
@@ -566,15 +662,21 @@ def _intra_op_threads(threads: int | None) -> Iterator[None]:
 
 
 def _fit_svi(model, train, args: argparse.Namespace, guide: str | None):
-    from probtransformer.inference import fit_svi
+    """svi: ``fit_svi``; map, mc-dropout, ensemble: their ``MAP_FITS`` function (fit_svi's
+    settings without ``guide``; ensemble: ``n_members`` too)."""
+    from probtransformer import inference
 
-    return fit_svi(
+    if args.inference in MAP_FITS:
+        fit, specific = getattr(inference, MAP_FITS[args.inference]), dict(n_members=args.n_members)
+    else:
+        fit, specific = inference.fit_svi, dict(guide=guide or args.guide)
+    return fit(
         model,
         train,
         seed=args.seed,
         progress=args.progress,
         **_given(
-            guide=guide or args.guide,
+            **specific,
             num_steps=args.num_steps,
             batch_size=args.batch_size,
             lr=args.lr,
@@ -609,6 +711,16 @@ def _fit_mcmc(model, train, args: argparse.Namespace):
 def _fit_settings(post) -> dict[str, Any]:
     """What metrics.json records of the fit itself, from the posterior's record."""
     record = post.record
+    if record["method"] == "mc-dropout":
+        return dict(guide=record["guide"], num_steps=record["num_steps"], dropout=record["dropout"])
+    if record["method"] == "ensemble":
+        return dict(
+            guide=record["guide"],
+            num_steps=record["num_steps"],
+            n_members=record["n_members"],
+            member_seeds=[member["seed"] for member in record["members"]],
+            member_final_losses=[member["final_loss"] for member in record["members"]],
+        )
     if record["method"] != "mcmc":
         return dict(guide=record["guide"], num_steps=record["num_steps"])
     chains, kept = next(iter(post.samples.values())).shape[:2]
@@ -708,6 +820,10 @@ def _print_metrics(target: Path, record: dict) -> None:
             f"{record['kernel']}, {record['chains_kept']} chain(s) x {record['draws_per_chain']} "
             f"draws after {record['num_warmup']} warmup"
         )
+    elif record["inference"] == "ensemble":
+        how = f"{record['n_members']} MAP members"
+    elif record["inference"] == "mc-dropout":
+        how = f"MAP, dropout {', '.join(map(str, record['dropout']))} kept on"
     else:
         how = f"guide {record['guide']}"
     print(
@@ -790,6 +906,19 @@ def _diagnose(args: argparse.Namespace) -> None:
     table = post.diagnose(train, verbose=False, **_given(num_samples=args.num_samples))
     print(format_table(table))
     print("\n".join(table.attrs["verdict"]))
+
+
+def _report(args: argparse.Namespace) -> None:
+    """``probtransformer report``: write ``report.html`` into the run directory."""
+    if not _is_run_dir(Path(args.run_dir)):  # the message of _load_run, before importing torch
+        raise CLIError(
+            f"{args.run_dir} is not a {PROG} run directory "
+            f"(it needs {METRICS_FILE} and {POSTERIOR_DIR}/)"
+        )
+    from probtransformer.report import write_report
+
+    path = write_report(args.run_dir, **_given(num_samples=args.num_samples, seed=args.seed))
+    print(f"wrote {path}")
 
 
 def _predict(args: argparse.Namespace) -> None:

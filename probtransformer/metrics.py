@@ -201,6 +201,26 @@ def risk_coverage(
     return coverage, risk, float(risk.mean())
 
 
+def aurc(uncertainty: ArrayLike, correct: ArrayLike) -> float:
+    """Area under the risk-coverage curve of selective prediction (AURC; lower is better).
+
+    The third value of `risk_coverage`: the mean error rate among the k most confident
+    examples over k = 1..N. A score that ranks every error last gives the smallest AURC
+    possible for the error rate; an uninformative one gives about the error rate itself.
+
+    Args:
+        uncertainty: (N,) uncertainty score, lower = more confident (e.g. predictive entropy).
+        correct: (N,) bool, whether each prediction is correct.
+
+    Returns:
+        AURC in [0, 1].
+
+    Raises:
+        TypeError, ValueError: as for `risk_coverage`.
+    """
+    return risk_coverage(uncertainty, correct)[2]
+
+
 def interval_coverage(lower: ArrayLike, upper: ArrayLike, y: ArrayLike) -> float:
     """Fraction of targets inside their predictive interval [lower, upper].
 

@@ -1,4 +1,4 @@
-"""Matplotlib figures: posterior attention maps and reliability diagrams.
+"""Matplotlib figures: posterior attention maps, reliability diagrams, risk-coverage curves.
 
 Functions build `matplotlib.figure.Figure` objects directly (no pyplot state, no `show()`), so they
 work under any backend; display one in a notebook by leaving it as a cell's value, or write it with
@@ -7,7 +7,7 @@ work under any backend; display one in a notebook by leaving it as a cell's valu
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +15,7 @@ import torch
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure, SubFigure
 
-from probtransformer.metrics import ArrayLike, ece, reliability_curve
+from probtransformer.metrics import ArrayLike, ece, reliability_curve, risk_coverage
 
 CELL_INCHES = 1.9  # size of one attention heatmap; keeps 8x8 maps readable at dpi 120
 
@@ -119,6 +119,57 @@ def reliability_figure(
     histogram.bar(left, curve["count"], width=width, align="edge", edgecolor="black")
     histogram.set(xlabel="confidence (top-class probability)", ylabel="count")
     histogram.set_yscale("log")
+    return fig
+
+
+def risk_coverage_figure(
+    scores: Mapping[str, ArrayLike], correct: ArrayLike, *, title: str | None = None
+) -> Figure:
+    """Risk-coverage curves of selective prediction (Geifman & El-Yaniv 2017), one per score.
+
+    For each uncertainty score the examples are accepted from the most to the least confident
+    (`metrics.risk_coverage`); the curve gives the error rate among the accepted ones against
+    the fraction accepted, and the legend gives its AURC (lower is better). A dotted "oracle"
+    curve ranks every error last (the best AURC possible at this error rate) and a dashed line
+    marks the error rate of accepting everything (what an uninformative score averages).
+
+    Args:
+        scores: label -> (N,) uncertainty score, higher = less certain (e.g. ``{"entropy":
+            pred.entropy, "epistemic": pred.epistemic}``).
+        correct: (N,) bool, whether each prediction is correct.
+        title: axes title.
+
+    Returns:
+        Figure with one axes: one line per score, the oracle and the full-coverage risk.
+
+    Raises:
+        TypeError: `scores` is not a mapping, or as for `metrics.risk_coverage`.
+        ValueError: `scores` is empty, or as for `metrics.risk_coverage`.
+    """
+    if not isinstance(scores, Mapping):
+        raise TypeError(f"scores must map labels to (N,) scores, got {type(scores).__name__}")
+    if not scores:
+        raise ValueError("scores must hold at least one uncertainty score, got none")
+    curves = {label: risk_coverage(score, correct) for label, score in scores.items()}
+    coverage, _, _ = next(iter(curves.values()))
+    errors = ~np.asarray(correct.cpu() if isinstance(correct, torch.Tensor) else correct)
+    _, oracle, oracle_aurc = risk_coverage(errors.astype(np.float64), ~errors)
+
+    fig = Figure(figsize=(5.0, 4.0), layout="constrained")
+    ax = fig.subplots()
+    for label, (_, risk, aurc) in curves.items():
+        ax.plot(coverage, risk, label=f"{label} (AURC = {aurc:.4f})")
+    ax.plot(
+        coverage, oracle, linestyle=":", color="gray", label=f"oracle (AURC = {oracle_aurc:.4f})"
+    )
+    ax.axhline(
+        errors.mean(), linestyle="--", color="lightgray", label="error rate at full coverage"
+    )
+    ax.set(xlim=(0, 1), ylim=(0, None), xlabel="coverage (fraction accepted)")
+    ax.set_ylabel("risk (error rate among accepted)")
+    ax.legend(fontsize=8)
+    if title is not None:
+        ax.set_title(title)
     return fig
 
 

@@ -373,9 +373,15 @@ def test_mcmc_interrupted_before_a_draw_writes_nothing(tmp_path, monkeypatch, ca
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--lr", "0.1"], "--lr applies to --inference svi and map, not mcmc"),
+        (
+            ["--lr", "0.1"],
+            "--lr applies to --inference svi, map, mc-dropout and ensemble, not mcmc",
+        ),
         (["--num-steps", "5", "--batch-size", "8"], "--num-steps, --batch-size apply to"),
-        (["--guide", "normal"], "--guide applies to --inference svi and map, not mcmc"),
+        (
+            ["--guide", "normal"],
+            "--guide applies to --inference svi, map, mc-dropout and ensemble, not mcmc",
+        ),
         (["--kernel", "hmc", "--max-tree-depth", "4"], "--max-tree-depth applies to --kernel nuts"),
         (["--trajectory-length", "2"], "--trajectory-length applies to --kernel hmc, not nuts"),
         (["--num-train", "1213"], "--num-train 1213 exceeds the 1212 rows"),
@@ -455,7 +461,11 @@ def test_predict_csv_without_header(run, splits, tmp_path):
     [
         (["--dataset", "nope"], {}, "invalid choice: 'nope'"),
         (["--inference", "nuts"], {}, "invalid choice: 'nuts'"),
-        (["--inference", "mcmc"], {}, "--num-steps applies to --inference svi and map, not mcmc"),
+        (
+            ["--inference", "mcmc"],
+            {},
+            "--num-steps applies to --inference svi, map, mc-dropout and ensemble, not mcmc",
+        ),
         (["--guide", "flow"], {}, "--guide"),
         (["--num-steps", "0"], {}, "integer >= 1"),
         (["--num-samples", "-3"], {}, "integer >= 1"),
@@ -608,3 +618,25 @@ def test_missing_command_and_help(capsys):
     )
     assert done.returncode == 0, done.stderr
     assert all(command in done.stdout for command in ("fit", "diagnose", "predict"))
+
+
+def test_fit_attention_prior_flags_build_the_model_and_the_report_shows_head_gates(tmp_path):
+    out = tmp_path / "run"
+    flags = ["--head-gates", "--local-window", "1", "--stochastic-attention"]
+    assert main(["fit", "--out", str(out), *TINY, "--num-train", "64", *flags]) == 0
+    post = load_posterior(out / "posterior")
+    config = post.model.config
+    assert config["head_prior"] == {"type": "HeadGatePrior", "global_scale": 0.1}
+    kinds = [spec["type"] for spec in config["attention_prior"]]
+    assert kinds == ["LogitScalePrior", "StochasticAttentionPrior", "AttentionLogitPrior"]
+    assert config["attention_prior"][2]["guidance"]["width"] == 1
+    assert len(post.head_importance()) == 2  # one layer of two heads
+    assert main(["report", str(out)]) == 0
+    html = (out / "report.html").read_text()
+    assert "effective number of heads" in html.lower()
+
+
+def test_local_window_must_be_a_non_negative_integer(tmp_path, capsys):
+    assert main(["fit", "--out", str(tmp_path / "run"), "--local-window", "-1"]) == 2
+    assert "--local-window: expected an integer >= 0, got '-1'" in _one_error_line(capsys)
+    assert not (tmp_path / "run").exists()

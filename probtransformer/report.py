@@ -1,0 +1,392 @@
+"""A self-contained HTML report of a run directory written by ``probtransformer fit``.
+
+``write_report(run_dir)`` writes ``run_dir/report.html``: one file with inline CSS and every
+figure embedded as a base64 PNG ``data:`` URI, so it can be mailed or archived alone. It
+reloads the run's posterior and its dataset split (dataset, seed and ``num_train`` from
+``metrics.json``) and draws the test-split predictions again with the run's seed and number of
+draws, so its numbers match ``metrics.json``. Sections, each an ``<h2>`` with a stable ``id``:
+
+- ``metrics``: the numbers of ``metrics.json``;
+- ``reliability``: reliability diagram of the test predictive mean;
+- ``risk-coverage``: risk-coverage curves of selective prediction by total predictive entropy
+  and by epistemic uncertainty (mutual information), AURC in the legend, and the accuracy of
+  the predictions kept at a few coverages (``Prediction.reject``);
+- ``attention``: posterior mean and sd of the attention of the first test sequences per layer
+  and head, and the mean posterior sd per layer and head;
+- ``head-importance``: the posterior of the head gates (``Posterior.head_importance``) when the
+  model has them;
+- ``diagnostics``: the aggregated table and verdict of ``Posterior.diagnose`` on the training
+  rows the fit saw (PSIS-LOO included).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+import os
+import uuid
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+REPORT_FILE = "report.html"
+METRICS_FILE = "metrics.json"  # the names of probtransformer.cli's run directory
+POSTERIOR_DIR = "posterior"
+#: ``id`` of each section's ``<h2>``, in order, with its heading.
+SECTIONS = {
+    "metrics": "Test metrics",
+    "reliability": "Reliability",
+    "risk-coverage": "Selective prediction: risk–coverage",
+    "attention": "Posterior attention",
+    "head-importance": "Head importance",
+    "diagnostics": "Diagnostics",
+}
+ATTENTION_EXAMPLES = 2  # test sequences whose posterior attention is drawn
+COVERAGES = (0.5, 0.8, 0.9, 1.0)  # coverages of the selective-accuracy table
+ECE_BINS = 15  # when metrics.json does not record ece_bins
+DPI = 100
+#: metrics.json keys shown first, with their units.
+HEADLINE = {
+    "accuracy": "",
+    "nll": "nats",
+    "ece": "",
+    "brier": "",
+    "mean_epistemic": "nats",
+    "inference": "",
+    "seconds": "s",
+}
+NO_GATES = (
+    "This model has no head gates, so there is no posterior over how many heads it needs; fit "
+    "one with <code>SequenceClassifier(head_prior=priors.HeadGatePrior())</code>."
+)
+STYLE = """
+body { font-family: system-ui, sans-serif; max-width: 72rem; margin: 2rem auto; padding: 0 1rem;
+       color: #222; line-height: 1.45; }
+h1 { font-size: 1.5rem; } h2 { margin-top: 2.5rem; border-bottom: 1px solid #ccc; }
+table { border-collapse: collapse; margin: 0.8rem 0; font-size: 0.9rem; }
+th, td { border: 1px solid #ddd; padding: 0.25rem 0.6rem; text-align: right; }
+th { background: #f4f4f4; } td.text, th.text { text-align: left; }
+img { max-width: 100%; height: auto; display: block; margin: 0.8rem 0; }
+pre { background: #f7f7f7; padding: 0.8rem; overflow-x: auto; font-size: 0.85rem; }
+nav a { margin-right: 1rem; } .note { color: #555; }
+"""
+
+
+def write_report(
+    run_dir: str | os.PathLike, *, num_samples: int | None = None, seed: int | None = None
+) -> Path:
+    """Write ``run_dir/report.html``, a self-contained HTML report of a ``probtransformer fit`` run.
+
+    The page has the sections of this module's docstring; every image is a base64 PNG
+    ``data:`` URI and the CSS is inline, so the file references nothing else. An existing
+    report is replaced (written to a temporary file first, then renamed).
+
+    Args:
+        run_dir: a run directory (``metrics.json`` and ``posterior/``) written by
+            ``probtransformer fit``.
+        num_samples: posterior draws for the predictions, attention and diagnostics (default:
+            the ``num_samples`` of ``metrics.json`` for predictions and attention, so the
+            figures match its numbers, and ``Posterior.diagnose``'s default for diagnostics).
+        seed: seeds the draws (default: the run's ``seed``).
+
+    Returns:
+        The path of ``report.html``.
+
+    Raises:
+        ValueError: ``run_dir`` is not a run directory; its ``metrics.json`` is not a JSON
+            object recording ``dataset`` and ``seed``, names an unknown dataset, or records a
+            ``num_train`` outside its training split; ``num_samples`` is not a positive int.
+        TypeError: ``seed`` is not an int.
+        OSError: ``report.html`` cannot be written.
+    """
+    run_dir = Path(run_dir)
+    if num_samples is not None and (
+        isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1
+    ):
+        raise ValueError(f"num_samples must be a positive int or None, got {num_samples!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
+    record, post = _read_run(run_dir)
+    test, train = _splits(record, run_dir)
+    page = _page(run_dir, record, post, test, train, num_samples=num_samples, seed=seed)
+    path = run_dir / REPORT_FILE
+    staging = run_dir / f".{REPORT_FILE}.{uuid.uuid4().hex[:12]}.tmp"
+    try:
+        staging.write_text(page, encoding="utf-8")
+        os.replace(staging, path)
+    finally:
+        staging.unlink(missing_ok=True)
+    return path
+
+
+# -- reading the run ----------------------------------------------------------------------------
+
+
+def _read_run(run_dir: Path):
+    """``(metrics.json dict, Posterior)`` of ``run_dir``; ValueError for a non-run directory."""
+    if not ((run_dir / METRICS_FILE).is_file() and (run_dir / POSTERIOR_DIR).is_dir()):
+        raise ValueError(
+            f"{run_dir} is not a probtransformer run directory "
+            f"(it needs {METRICS_FILE} and {POSTERIOR_DIR}/)"
+        )
+    try:
+        record = json.loads((run_dir / METRICS_FILE).read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{run_dir / METRICS_FILE} is not valid JSON: {e}") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"{run_dir / METRICS_FILE} must hold a JSON object")
+    if "dataset" not in record or "seed" not in record:
+        raise ValueError(f"{run_dir / METRICS_FILE} does not record dataset and seed")
+
+    from probtransformer.inference import load_posterior
+
+    return record, load_posterior(run_dir / POSTERIOR_DIR)
+
+
+def _splits(record: dict, run_dir: Path):
+    """``(test, train)``: the run's test split and the training rows its fit saw."""
+    from probtransformer import datasets
+
+    options = {}
+    if record.get("val_fraction") is not None:
+        options["val_fraction"] = record["val_fraction"]
+    splits = datasets.load(record["dataset"], seed=record["seed"], **options)
+    num_train = record.get("num_train", len(splits.train))  # fit uses the first rows
+    if isinstance(num_train, bool) or not isinstance(num_train, int):
+        num_train = -1
+    if not 1 <= num_train <= len(splits.train):
+        raise ValueError(
+            f"{run_dir / METRICS_FILE} records num_train {record.get('num_train')!r}; the "
+            f"{record['dataset']} training split has {len(splits.train)} rows"
+        )
+    return splits.test, splits.train[:num_train]
+
+
+# -- the page -----------------------------------------------------------------------------------
+
+
+def _page(run_dir, record, post, test, train, *, num_samples, seed) -> str:
+    seed = record["seed"] if seed is None else seed
+    draws = record.get("num_samples") if num_samples is None else num_samples
+    draws = {"seed": seed, **({"num_samples": draws} if isinstance(draws, int) else {})}
+    pred = post.predict(test.x, test.mask, **draws)
+    sections = {
+        "metrics": _metrics_section(record),
+        "reliability": _reliability_section(record, pred, test),
+        "risk-coverage": _risk_coverage_section(record, pred, test),
+        "attention": _attention_section(record, post, test, draws),
+        "head-importance": _head_importance_section(post),
+        "diagnostics": _diagnostics_section(post, train, num_samples=num_samples, seed=seed),
+    }
+    title = f"probtransformer report: {run_dir.name}"
+    what = (
+        f"{record['dataset']} · {record.get('inference', '?')} · "
+        f"{record.get('num_train', len(train))} training rows · {len(test)} test rows · "
+        f"{pred.probs.shape[0]} posterior draws for the predictions (seed {seed})"
+    )
+    nav = " ".join(f'<a href="#{key}">{html.escape(name)}</a>' for key, name in SECTIONS.items())
+    body = "\n".join(
+        f'<h2 id="{key}">{html.escape(SECTIONS[key])}</h2>\n{content}'
+        for key, content in sections.items()
+    )
+    return (
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f"<title>{html.escape(title)}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n"
+        f"<h1>{html.escape(title)}</h1>\n<p>{html.escape(what)}</p>\n<nav>{nav}</nav>\n"
+        f"{body}\n</body>\n</html>\n"
+    )
+
+
+def _metrics_section(record: dict) -> str:
+    keys = [k for k in HEADLINE if k in record] + [k for k in record if k not in HEADLINE]
+    rows = [(key, _value(record[key]), HEADLINE.get(key, "")) for key in keys]
+    return (
+        '<p class="note">From metrics.json: computed on the test split from the posterior '
+        "predictive mean (NLL in nats; ECE over equal-width bins of the top-class "
+        "probability).</p>\n" + _table(("metric", "value", "unit"), rows)
+    )
+
+
+def _reliability_section(record: dict, pred, test) -> str:
+    from probtransformer import plots
+
+    bins = record.get("ece_bins", ECE_BINS)
+    fig = plots.reliability_figure(
+        pred.mean,
+        test.y,
+        n_bins=bins,
+        title=f"{record['dataset']} test, {record.get('inference', '?')}",
+    )
+    return (
+        f'<p class="note">Accuracy per bin of top-class confidence on the {len(test)} test '
+        "sequences; bars on the diagonal are calibrated, bars below it over-confident.</p>\n"
+        + _image(fig, "reliability diagram")
+    )
+
+
+def _risk_coverage_section(record: dict, pred, test) -> str:
+    from probtransformer import metrics, plots
+
+    correct = pred.predicted == test.y
+    scores = {"total entropy": "entropy", "epistemic (mutual information)": "epistemic"}
+    fig = plots.risk_coverage_figure(
+        {label: getattr(pred, name) for label, name in scores.items()},
+        correct,
+        title=f"{record['dataset']} test: selective prediction",
+    )
+    rows = []
+    for coverage in COVERAGES:
+        row = [f"{coverage:.0%}"]
+        for name in scores.values():
+            keep = pred.reject(coverage=coverage, score=name)
+            row.append(f"{float(correct[keep].double().mean()):.4f}")
+        rows.append(row)
+    aurc = [f"{metrics.aurc(getattr(pred, name), correct):.4f}" for name in scores.values()]
+    rows.append(["AURC", *aurc])
+    header = ("coverage", *(f"accuracy kept, by {label}" for label in scores))
+    return (
+        '<p class="note">Predictions are kept from the most to the least certain; risk is the '
+        "error rate among those kept. A useful uncertainty score keeps the risk low at low "
+        "coverage (small AURC).</p>\n" + _image(fig, "risk-coverage curves") + _table(header, rows)
+    )
+
+
+def _attention_section(record: dict, post, test, draws: dict) -> str:
+    n = min(ATTENTION_EXAMPLES, len(test))
+    first = test[:n]
+    attention = post.attention(first.x, first.mask, **draws)
+    images = []
+    for i in range(n):
+        label = "" if first.y is None else f" (label {int(first.y[i])})"
+        title = f"posterior attention, {record['dataset']} test example {i}{label}"
+        images.append(_image(attention.plot(i, title=title), f"posterior attention {i}"))
+    std = attention.std()  # (n, layer, head, query, key)
+    if first.mask is None:
+        weight = torch.ones(std.shape[0], 1, 1, *std.shape[3:])
+    else:  # only (query, key) pairs of real steps
+        mask = first.mask.to(std.dtype)
+        weight = (mask[:, :, None] * mask[:, None, :])[:, None, None]
+    weight = weight.expand_as(std)
+    mean_std = (std * weight).sum((0, 3, 4)) / weight.sum((0, 3, 4))  # (layer, head)
+    header = ("layer", *(f"head {h}" for h in range(mean_std.shape[1])))
+    rows = [(str(layer), *(f"{v:.4f}" for v in values)) for layer, values in enumerate(mean_std)]
+    return (
+        f'<p class="note">Posterior mean and standard deviation of the attention weights '
+        f"({attention.module}) of the first {n} test sequence(s), per layer (rows) and head "
+        "(columns).</p>\n"
+        + "\n".join(images)
+        + f"<p>Mean posterior sd of the attention weights over the {n} sequence(s) and every "
+        "(query, key) pair, per layer and head: how unsure the posterior is of where each head "
+        "looks.</p>\n" + _table(header, rows)
+    )
+
+
+def _head_importance_section(post) -> str:
+    frame = _call_optional(post, "head_importance")
+    if not isinstance(frame, pd.DataFrame) or frame.empty:
+        return f"<p>{NO_GATES}</p>"
+    parts = [
+        '<p class="note">Posterior of each head\'s gate in [0, 1] (mean and credible interval): '
+        "a gate near 0 switches its head off.</p>",
+        _image(_head_importance_figure(frame), "head importance"),
+        _frame_table(frame),
+    ]
+    effective = _call_optional(post, "effective_num_heads")
+    if isinstance(effective, pd.DataFrame | pd.Series):
+        parts += ["<p>Effective number of heads:</p>", _frame_table(pd.DataFrame(effective))]
+    elif effective is not None:
+        parts.append(f"<p>Effective number of heads: {html.escape(_value(effective))}</p>")
+    return "\n".join(parts)
+
+
+def _call_optional(post, name: str) -> Any:
+    """``post.name()``, or None when the method is missing or the model lacks head gates."""
+    method = getattr(post, name, None)
+    if not callable(method):
+        return None
+    try:
+        return method()
+    except (ValueError, TypeError, NotImplementedError):
+        return None
+
+
+def _head_importance_figure(frame: pd.DataFrame) -> Figure:
+    """Bars of each head's posterior gate mean, with its interval as error bars."""
+    pairs = zip(frame["layer"], frame["head"], strict=True)
+    labels = [f"L{int(layer)}·H{int(head)}" for layer, head in pairs]
+    mean = frame["mean"].to_numpy(dtype=float)
+    fig = Figure(figsize=(max(4.0, 0.5 * len(labels) + 1.5), 3.2), layout="constrained")
+    ax = fig.subplots()
+    xs = np.arange(len(labels))
+    error = None
+    if {"lower", "upper"} <= set(frame.columns):
+        lower = frame["lower"].to_numpy(dtype=float)
+        upper = frame["upper"].to_numpy(dtype=float)
+        error = np.stack([np.clip(mean - lower, 0, None), np.clip(upper - mean, 0, None)])
+    ax.bar(xs, mean, yerr=error, capsize=3, edgecolor="black")
+    ax.set_xticks(xs, labels=labels, rotation=90 if len(labels) > 12 else 0, fontsize=8)
+    ax.set(xlabel="layer · head", ylabel="gate (posterior mean)", title="head importance")
+    return fig
+
+
+def _diagnostics_section(post, train, *, num_samples: int | None, seed: int) -> str:
+    given = {} if num_samples is None else {"num_samples": num_samples}
+    table = post.diagnose(train, verbose=False, seed=seed, **given)
+    verdict = "\n".join(table.attrs.get("verdict", []))
+    return (
+        f'<p class="note">Posterior.diagnose on the {len(train)} training rows the fit saw: one '
+        "row per variable group (R-hat and ESS need two or more MCMC chains).</p>\n"
+        + _frame_table(table)
+        + f"<pre>{html.escape(verdict)}</pre>"
+    )
+
+
+# -- HTML helpers -------------------------------------------------------------------------------
+
+
+def _image(fig: Figure, alt: str) -> str:
+    """``fig`` as an ``<img>`` with a base64 PNG data URI (rendered by Agg), then cleared."""
+    buffer = io.BytesIO()
+    FigureCanvasAgg(fig)  # render with Agg whatever pyplot's backend is
+    fig.savefig(buffer, format="png", dpi=DPI)
+    fig.clear()
+    data = base64.b64encode(buffer.getvalue()).decode("ascii")
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">\n'
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return "—" if value is None else str(value).lower()
+    if isinstance(value, float):
+        return f"{value:.4g}" if math.isfinite(value) else str(value)
+    if isinstance(value, list | tuple):
+        return ", ".join(map(_value, value))
+    if isinstance(value, dict):
+        return json.dumps(value)
+    return str(value)
+
+
+def _table(header: Iterable[str], rows: Iterable[Iterable[str]]) -> str:
+    def cells(tag: str, values: Iterable[str]) -> str:
+        return "".join(
+            f'<{tag} class="text">{html.escape(str(v))}</{tag}>'
+            if i == 0
+            else f"<{tag}>{html.escape(str(v))}</{tag}>"
+            for i, v in enumerate(values)
+        )
+
+    body = "\n".join(f"<tr>{cells('td', row)}</tr>" for row in rows)
+    return f"<table>\n<tr>{cells('th', header)}</tr>\n{body}\n</table>\n"
+
+
+def _frame_table(frame: pd.DataFrame, fmt: Callable[[float], str] = "{:.4g}".format) -> str:
+    return frame.to_html(float_format=fmt, na_rep="—", border=0, escape=True) + "\n"

@@ -65,11 +65,10 @@ from typing import Any, NoReturn
 import numpy as np
 
 from probtransformer._io import replace_directory
+from probtransformer._rundir import METRICS_FILE, POSTERIOR_DIR, is_run_dir, read_run, run_splits
 
 PROG = "probtransformer"
-METRICS_FILE = "metrics.json"
 INFERENCE_DATA_FILE = "inference_data.nc"
-POSTERIOR_DIR = "posterior"
 ATTENTION_FILE = "attention.png"
 RELIABILITY_FILE = "reliability.png"
 REPORT_FILE = "report.html"  # written by ``probtransformer report``, not by fit
@@ -747,10 +746,6 @@ def _fit_settings(post) -> dict[str, Any]:
     )
 
 
-def _is_run_dir(path: Path) -> bool:
-    return (path / METRICS_FILE).is_file() and (path / POSTERIOR_DIR).is_dir()
-
-
 def _check_out(target: Path) -> None:
     """Fail before fitting when ``target`` cannot become the run directory.
 
@@ -763,7 +758,7 @@ def _check_out(target: Path) -> None:
         if not target.is_dir():
             raise CLIError(f"--out {target} exists and is not a directory")
         names = {p.name for p in target.iterdir()}
-        if names and not _is_run_dir(target):
+        if names and not is_run_dir(target):
             raise CLIError(
                 f"--out {target} exists and is not a {PROG} run directory; refusing to replace it"
             )
@@ -856,51 +851,10 @@ def _print_metrics(target: Path, record: dict) -> None:
 # -- diagnose and predict -----------------------------------------------------------------------
 
 
-def _load_run(run_dir: str):
-    """Read ``run_dir``'s metrics.json and posterior.
-
-    Returns:
-        ``(record, posterior)``: the metrics.json dict and the ``Posterior`` (on CPU).
-
-    Raises:
-        CLIError: ``run_dir`` is not a run directory or its metrics.json is unreadable.
-    """
-    path = Path(run_dir)
-    if not _is_run_dir(path):
-        raise CLIError(
-            f"{run_dir} is not a {PROG} run directory "
-            f"(it needs {METRICS_FILE} and {POSTERIOR_DIR}/)"
-        )
-    try:
-        record = json.loads((path / METRICS_FILE).read_text())
-    except json.JSONDecodeError as e:
-        raise CLIError(f"{path / METRICS_FILE} is not valid JSON: {e}") from None
-    if not isinstance(record, dict):
-        raise CLIError(f"{path / METRICS_FILE} must hold a JSON object")
-
-    from probtransformer.inference import load_posterior
-
-    return record, load_posterior(path / POSTERIOR_DIR)
-
-
 def _diagnose(args: argparse.Namespace) -> None:
     """``probtransformer diagnose``: diagnostics table, verdict and LOO on the training data."""
-    record, post = _load_run(args.run_dir)
-    if "dataset" not in record or "seed" not in record:
-        raise CLIError(f"{Path(args.run_dir) / METRICS_FILE} does not record dataset and seed")
-
-    from probtransformer import datasets
-
-    train = datasets.load(
-        record["dataset"], seed=record["seed"], **_given(val_fraction=record.get("val_fraction"))
-    ).train
-    num_train = record.get("num_train", len(train))  # the first rows: what the fit saw
-    if not isinstance(num_train, int) or not 1 <= num_train <= len(train):
-        raise CLIError(
-            f"{Path(args.run_dir) / METRICS_FILE} records num_train {num_train!r}; the "
-            f"{record['dataset']} training split has {len(train)} rows"
-        )
-    train = train[:num_train]
+    record, post = read_run(args.run_dir)
+    train = run_splits(record, args.run_dir)[1]
     from probtransformer.inference.diagnostics import format_table
 
     table = post.diagnose(train, verbose=False, **_given(num_samples=args.num_samples))
@@ -910,11 +864,6 @@ def _diagnose(args: argparse.Namespace) -> None:
 
 def _report(args: argparse.Namespace) -> None:
     """``probtransformer report``: write ``report.html`` into the run directory."""
-    if not _is_run_dir(Path(args.run_dir)):  # the message of _load_run, before importing torch
-        raise CLIError(
-            f"{args.run_dir} is not a {PROG} run directory "
-            f"(it needs {METRICS_FILE} and {POSTERIOR_DIR}/)"
-        )
     from probtransformer.report import write_report
 
     path = write_report(args.run_dir, **_given(num_samples=args.num_samples, seed=args.seed))
@@ -928,7 +877,7 @@ def _predict(args: argparse.Namespace) -> None:
         raise CLIError(f"--input must be a .npy or .csv file, got {args.input!r}")
     if not path.is_file():
         raise CLIError(f"--input {args.input} does not exist or is not a file")
-    record, post = _load_run(args.run_dir)
+    record, post = read_run(args.run_dir)
     max_len, in_features = post.model.config["max_len"], post.model.config["in_features"]
     if path.suffix.lower() == ".npy":
         x = _read_npy(path, in_features)

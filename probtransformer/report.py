@@ -38,9 +38,9 @@ import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from probtransformer._rundir import read_run, run_splits
+
 REPORT_FILE = "report.html"
-METRICS_FILE = "metrics.json"  # the names of probtransformer.cli's run directory
-POSTERIOR_DIR = "posterior"
 #: ``id`` of each section's ``<h2>``, in order, with its heading.
 SECTIONS = {
     "metrics": "Test metrics",
@@ -115,8 +115,8 @@ def write_report(
         raise ValueError(f"num_samples must be a positive int or None, got {num_samples!r}")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
-    record, post = _read_run(run_dir)
-    test, train = _splits(record, run_dir)
+    record, post = read_run(run_dir)
+    test, train = run_splits(record, run_dir)
     page = _page(run_dir, record, post, test, train, num_samples=num_samples, seed=seed)
     path = run_dir / REPORT_FILE
     staging = run_dir / f".{REPORT_FILE}.{uuid.uuid4().hex[:12]}.tmp"
@@ -129,46 +129,6 @@ def write_report(
 
 
 # -- reading the run ----------------------------------------------------------------------------
-
-
-def _read_run(run_dir: Path):
-    """``(metrics.json dict, Posterior)`` of ``run_dir``; ValueError for a non-run directory."""
-    if not ((run_dir / METRICS_FILE).is_file() and (run_dir / POSTERIOR_DIR).is_dir()):
-        raise ValueError(
-            f"{run_dir} is not a probtransformer run directory "
-            f"(it needs {METRICS_FILE} and {POSTERIOR_DIR}/)"
-        )
-    try:
-        record = json.loads((run_dir / METRICS_FILE).read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{run_dir / METRICS_FILE} is not valid JSON: {e}") from None
-    if not isinstance(record, dict):
-        raise ValueError(f"{run_dir / METRICS_FILE} must hold a JSON object")
-    if "dataset" not in record or "seed" not in record:
-        raise ValueError(f"{run_dir / METRICS_FILE} does not record dataset and seed")
-
-    from probtransformer.inference import load_posterior
-
-    return record, load_posterior(run_dir / POSTERIOR_DIR)
-
-
-def _splits(record: dict, run_dir: Path):
-    """``(test, train)``: the run's test split and the training rows its fit saw."""
-    from probtransformer import datasets
-
-    options = {}
-    if record.get("val_fraction") is not None:
-        options["val_fraction"] = record["val_fraction"]
-    splits = datasets.load(record["dataset"], seed=record["seed"], **options)
-    num_train = record.get("num_train", len(splits.train))  # fit uses the first rows
-    if isinstance(num_train, bool) or not isinstance(num_train, int):
-        num_train = -1
-    if not 1 <= num_train <= len(splits.train):
-        raise ValueError(
-            f"{run_dir / METRICS_FILE} records num_train {record.get('num_train')!r}; the "
-            f"{record['dataset']} training split has {len(splits.train)} rows"
-        )
-    return splits.test, splits.train[:num_train]
 
 
 # -- the page -----------------------------------------------------------------------------------

@@ -30,7 +30,8 @@ def build_guide(kind: str, model: nn.Module, *, init_scale: float = 1e-3) -> Aut
     ``normal``: mean-field ``AutoNormal``; ``lowrank``: ``AutoLowRankMultivariateNormal``;
     ``mvn``: full-rank ``AutoMultivariateNormal``; ``delta``: ``AutoDelta`` (MAP). Locations start
     at a prior draw (``init_to_sample``), which breaks the symmetry between heads and units that a
-    zero start would keep; scales start at ``init_scale``. A model with local latents
+    zero start would keep, except where a module declares ``initial_values`` (attention: guidance
+    offsets at 0); scales start at ``init_scale``. A model with local latents
     (stochastic attention) gets an ``AmortizedGuide`` around the ``kind`` guide.
 
     Raises:
@@ -40,20 +41,37 @@ def build_guide(kind: str, model: nn.Module, *, init_scale: float = 1e-3) -> Aut
         raise ValueError(f"init_scale must be > 0, got {init_scale}")
     if has_local_latents(model):
         return AmortizedGuide(model, kind, init_scale=init_scale)
-    return _global_guide(kind, model, init_scale)
+    return _global_guide(kind, model, init_scale, _init_loc_fn(model))
 
 
-def _global_guide(kind: str, model, init_scale: float) -> AutoGuide:
+def _init_loc_fn(model: nn.Module):
+    """``init_to_sample``, except for sites whose module declares ``initial_values`` (e.g. the
+    guidance offsets start at 0, exactly the guidance, rather than at a random prior draw that a
+    weak prior lets SVI keep)."""
+    values = {
+        f"{prefix}.{name}" if prefix else name: value
+        for prefix, module in model.named_modules()
+        for name, value in getattr(module, "initial_values", {}).items()
+    }
+
+    def init(site: dict) -> torch.Tensor:
+        if site["name"] in values:
+            shape = site["fn"].shape()
+            return torch.full(shape, values[site["name"]], device=site["fn"].mean.device)
+        return init_to_sample(site)
+
+    return init
+
+
+def _global_guide(kind: str, model, init_scale: float, init) -> AutoGuide:
     if kind == "normal":
-        return AutoNormal(model, init_loc_fn=init_to_sample, init_scale=init_scale)
+        return AutoNormal(model, init_loc_fn=init, init_scale=init_scale)
     if kind == "lowrank":
-        return AutoLowRankMultivariateNormal(
-            model, init_loc_fn=init_to_sample, init_scale=init_scale
-        )
+        return AutoLowRankMultivariateNormal(model, init_loc_fn=init, init_scale=init_scale)
     if kind == "mvn":
-        return AutoMultivariateNormal(model, init_loc_fn=init_to_sample, init_scale=init_scale)
+        return AutoMultivariateNormal(model, init_loc_fn=init, init_scale=init_scale)
     if kind == "delta":
-        return AutoDelta(model, init_loc_fn=init_to_sample)
+        return AutoDelta(model, init_loc_fn=init)
     raise ValueError(f"guide must be one of {GUIDES}, got {kind!r}")
 
 

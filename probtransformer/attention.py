@@ -147,6 +147,11 @@ class BayesMultiheadAttention(PyroModule):
         TypeError: a prior of the wrong spec type.
     """
 
+    #: Where guides start these sites instead of at a random prior draw: the guidance offsets at
+    #: 0, i.e. at the guidance itself (a draw from a weak prior would put attention anywhere and
+    #: SVI keeps most of it; see tests/probtransformer/test_guidance.py).
+    initial_values = {"logit_offset": 0.0}
+
     site_dims = {
         "projection": ("qkvo", "out_features", "in_features_and_bias"),
         "logit_scale": ("head",),

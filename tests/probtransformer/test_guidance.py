@@ -374,48 +374,61 @@ def _band_mass(post, x, T) -> float:
     return float((att * _band(T)).sum(-1).mean())
 
 
+OFFSET = "encoder.layers.0.attention.logit_offset"
+
+
 def test_strong_guidance_dominates_when_labels_carry_no_signal():
-    """Random features and labels: the posterior attention follows the prior. Measured (seed 0,
-    200 steps; 5 seeds in brackets): band mass 0.973 [0.93-0.98] with strength 10, 0.601
-    [0.44-0.66] with strength 0.1. Projections are point estimates here: with Bayesian Q/K the
-    content logits (sd about 9 under the prior) blur both cases (0.85-0.92 vs 0.54-0.56)."""
+    """Random features and labels: the posterior follows the prior. The attention projections
+    have a tight prior (Normal(0.3)) so the content logits q·k stay small and the guidance
+    offsets carry the prior; the guide starts wide (init_scale 1) so 500 steps can reach the
+    prior's width. Measured (seed 0): band mass 0.986 with strength 10 vs 0.686 with strength
+    0.1; posterior sd of the offsets 0.16 vs 5.95 (prior sd 0.1 vs 10)."""
     T, N = 6, 200
     g = torch.Generator().manual_seed(0)
     data = SequenceData(torch.randn(N, T, 2, generator=g), torch.randint(0, 2, (N,), generator=g))
-    mass = {}
+    mass, spread = {}, {}
     for strength in (10.0, 0.1):
         prior = priors.AttentionLogitPrior(priors.local_window(1, outside=0.01), strength=strength)
-        model = SequenceClassifier(2, 2, T, **TINY, bayesian=("head",), attention_prior=prior)
-        post = fit_svi(model, data, num_steps=200, batch_size=100, lr=1e-2, seed=0, progress=False)
+        model = SequenceClassifier(
+            2,
+            2,
+            T,
+            **TINY,
+            bayesian=("attention", "head"),
+            weight_prior=priors.Normal(0.3),
+            attention_prior=prior,
+        )
+        post = fit_svi(
+            model, data, num_steps=500, batch_size=100, lr=5e-2, init_scale=1.0, progress=False
+        )
         mass[strength] = _band_mass(post, data.x[:50], T)
+        spread[strength] = float(post.draws(50)[OFFSET].std((0, 1)).mean())
     # uniform attention puts 2.67 of 6 keys' mass on the band (0.44); the prior 0.97-0.99
-    assert mass[10.0] >= 0.9, mass
+    assert mass[10.0] >= 0.95, mass
     assert mass[0.1] <= 0.8, mass
-    assert mass[10.0] - mass[0.1] >= 0.15, mass
+    assert spread[10.0] < 0.3 and spread[0.1] > 3.0, spread
 
 
 def test_weak_guidance_yields_to_data_that_needs_a_far_key():
     """The label is the sign of the last step's first feature and is read from the CLS token
-    (position 0), whose window (|i - j| <= 1) excludes the last key (position T). Measured
-    (seed 0, 300 steps): attention of CLS to the last key, best head, 0.999 under strength 0.1
-    (accuracy 1.00) vs 0.000 under strength 10 (accuracy 0.60). Seeds 1 and 2 differ less: the
-    content logits q·k can learn to overcome even the strong prior (strong 0.64 and 0.00, weak
-    0.72 and 1.00)."""
+    (position 0), whose window (|i - j| <= 1) excludes the last key (position T): the data pull
+    the CLS offset of that key up, against the prior. Measured (seed 0): the largest posterior
+    mean offset (CLS -> last key) over heads 1.78 under strength 0.1 (prior sd 10) vs 0.008
+    under strength 10 (prior sd 0.1). The attention itself reaches the key under both (0.77):
+    the content logits q·k, point estimates here, learn it too, so the offsets are the test."""
     T, N = 5, 200
     g = torch.Generator().manual_seed(0)
     x = torch.randn(N, T, 2, generator=g)
     data = SequenceData(x, (x[:, -1, 0] > 0).long())
-    far, acc = {}, {}
+    moved = {}
     for strength in (10.0, 0.1):
-        prior = priors.AttentionLogitPrior(priors.local_window(1, outside=0.001), strength=strength)
+        prior = priors.AttentionLogitPrior(priors.local_window(1, outside=0.03), strength=strength)
         model = SequenceClassifier(
             2, 2, T, **TINY, bayesian=("head",), pooling="cls", attention_prior=prior
         )
-        post = fit_svi(model, data, num_steps=300, batch_size=100, lr=2e-2, seed=0, progress=False)
-        att = post.attention(x[:100], num_samples=50, seed=0).mean()  # (n, L, H, T+1, T+1)
-        far[strength] = float(att[:, 0, :, 0, T].mean(0).max())
+        post = fit_svi(model, data, num_steps=300, batch_size=100, lr=3e-2, seed=0, progress=False)
+        offset = post.draws(50)[OFFSET].flatten(0, 1)[:, :, 0, T].mean(0)  # (H,) CLS -> last
+        moved[strength] = float(offset.max())
         pred = post.predict(x[:100], num_samples=50, seed=0).mean.argmax(-1)
-        acc[strength] = float((pred == data.y[:100]).float().mean())
-    assert far[0.1] >= 0.5, far
-    assert far[10.0] <= 0.2, far
-    assert acc[0.1] >= 0.9, acc
+        assert float((pred == data.y[:100]).float().mean()) >= 0.9
+    assert moved[0.1] > 1.0 and abs(moved[10.0]) < 0.3, moved

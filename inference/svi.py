@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import time
 
 import pyro
@@ -19,6 +20,12 @@ from probtransformer.inference._runtime import (
     resolve_device,
     seeded,
 )
+from probtransformer.inference.checkpoint import (
+    check_compatible,
+    data_fingerprint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from probtransformer.inference.guides import GUIDES, build_guide, has_local_latents
 from probtransformer.inference.posterior import Posterior, check_data, check_model, example_of
 
@@ -29,12 +36,15 @@ class NonFiniteELBOError(FloatingPointError):
     Attributes:
         step: the optimisation step (0-based) at which it happened.
         site: the first sample site or parameter found non-finite, or None.
+        posterior: the fit with the parameters whose loss was last finite (those of step
+            ``step - 1``), set by ``fit_svi``; None when raised elsewhere.
     """
 
     def __init__(self, message: str, *, step: int, site: str | None) -> None:
         super().__init__(message)
         self.step = step
         self.site = site
+        self.posterior: Posterior | None = None
 
 
 def _check_positive_int(name: str, value: object) -> None:
@@ -68,6 +78,9 @@ def fit_svi(
     device: str | torch.device = "auto",
     seed: int = 0,
     progress: bool = True,
+    checkpoint_every: int | None = None,
+    checkpoint_dir: str | os.PathLike | None = None,
+    resume_from: str | os.PathLike | None = None,
 ) -> Posterior:
     """Fit ``model`` to ``data`` by stochastic variational inference.
 
@@ -93,14 +106,23 @@ def fit_svi(
         device: ``"auto"``, ``"cpu"``, ``"cuda"`` ...
         seed: seeds initialisation, mini-batches and ELBO samples.
         progress: show a tqdm bar with the running ELBO.
+        checkpoint_every: write a checkpoint to ``checkpoint_dir`` every this many steps.
+        checkpoint_dir: directory of the checkpoint (``inference.checkpoint``; replaced
+            atomically each time). Ctrl-C also saves the state at the start of the step it
+            interrupted.
+        resume_from: a checkpoint directory of this fit (same model config, data and
+            settings): continue from its step to the numbers an uninterrupted fit gives.
 
     Returns:
         A ``Posterior`` holding the fitted model and guide; ``record["elbo"]`` is the ELBO per
         step (nats, full-data scale).
 
     Raises:
-        TypeError/ValueError: bad model, data or settings.
-        NonFiniteELBOError: the ELBO or a gradient became NaN/inf; names the step and site.
+        TypeError/ValueError: bad model, data or settings; ``resume_from`` not a checkpoint of
+            this model, data and settings (the message names what differs).
+        NonFiniteELBOError: the ELBO or a gradient became NaN/inf; names the step and site, and
+            carries ``posterior``: the fit with the parameters of the last finite loss.
+        KeyboardInterrupt: Ctrl-C; says where the state was saved when ``checkpoint_dir`` is set.
     """
     check_model(model)
     _check_data(model, data)
@@ -117,6 +139,16 @@ def fit_svi(
     if not (isinstance(lr_decay, (int, float)) and 0 < lr_decay <= 1):
         raise ValueError(f"lr_decay must be in (0, 1], got {lr_decay!r}")
 
+    if checkpoint_every is not None:
+        _check_positive_int("checkpoint_every", checkpoint_every)
+        if checkpoint_dir is None:
+            raise ValueError("checkpoint_every needs checkpoint_dir: where to write checkpoints")
+    for name, value in (("checkpoint_dir", checkpoint_dir), ("resume_from", resume_from)):
+        if value is not None and not isinstance(value, (str, os.PathLike)):
+            raise TypeError(f"{name} must be a str or os.PathLike, got {type(value).__name__}")
+    if resume_from is not None:
+        load_checkpoint(resume_from)  # fail before any work when it is not a checkpoint
+
     device = resolve_device(device)
     model = reinitialised_copy(model, seed, device)
     model.train()
@@ -128,6 +160,22 @@ def fit_svi(
     elbo_cls = TraceMeanField_ELBO if mean_field else Trace_ELBO
     elbo = elbo_cls(num_particles=num_particles, vectorize_particles=num_particles > 1)
     trace: list[float] = []
+    settings = dict(
+        guide=guide,
+        num_steps=num_steps,
+        batch_size=batch_size,
+        lr=lr,
+        lr_decay=lr_decay,
+        num_particles=num_particles,
+        init_scale=init_scale,
+        seed=seed,
+    )
+    identity = dict(  # what a checkpoint must share with this fit to resume it
+        model_class=f"{type(model).__module__}.{type(model).__qualname__}",
+        config=model.config,
+        settings=settings,
+        data=data_fingerprint(data),
+    )
     start = time.perf_counter()
     with pyro_scope(), seeded(seed, device):
         autoguide = build_guide(guide, model, init_scale=init_scale)
@@ -149,43 +197,109 @@ def fit_svi(
             optimizer, gamma=lr_decay ** (1.0 / num_steps)
         )
         order = torch.randperm(n, device=device)
-        cursor = 0
+        cursor, done = 0, 0
+        if resume_from is not None:
+            saved, state = load_checkpoint(resume_from)
+            check_compatible(saved, identity, resume_from)
+            model.load_state_dict(state["model_state"])
+            autoguide.load_state_dict(state["guide_state"])
+            optimizer.load_state_dict(state["optimizer_state"])
+            scheduler.load_state_dict(state["scheduler_state"])
+            order, cursor, done = state["order"].to(device), state["cursor"], saved["step"]
+            trace = list(saved["elbo"])
+            _set_rng_state(state["rng"], device)
+
+        def checkpoint(step: int, rng: dict, order: torch.Tensor, cursor: int) -> None:
+            """Save the state at the start of ``step`` (``step`` steps completed)."""
+            save_checkpoint(
+                checkpoint_dir,
+                {**identity, "step": step, "elbo": trace[:step]},
+                dict(
+                    model_state=model.state_dict(),
+                    guide_state=autoguide.state_dict(),
+                    optimizer_state=optimizer.state_dict(),
+                    scheduler_state=scheduler.state_dict(),
+                    rng=rng,
+                    order=order.cpu(),
+                    cursor=cursor,
+                ),
+            )
+
         # disable=None: no bar when output is not a terminal (logs stay readable)
-        bar = tqdm(range(num_steps), desc="SVI", disable=None if progress else True, leave=False)
-        for step in bar:
-            if cursor + batch_size > n:
-                order, cursor = torch.randperm(n, device=device), 0
-            idx = order[cursor : cursor + batch_size]
-            cursor += batch_size
-            args = (train.x[idx], train.y[idx], _mask(train, idx))
-            optimizer.zero_grad(set_to_none=True)
-            loss = loss_at(step, args)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, math.inf)
-            value = loss.item()
-            if not (math.isfinite(value) and torch.isfinite(grad_norm)):
-                raise _non_finite(model, autoguide, args, n, step, value)
-            optimizer.step()
-            scheduler.step()
-            trace.append(-value)
-            if step % 25 == 0 or step == num_steps - 1:
-                bar.set_postfix(elbo=f"{-value:.4g}")
+        bar = tqdm(
+            range(done, num_steps),
+            desc="SVI",
+            initial=done,
+            total=num_steps,
+            disable=None if progress else True,
+            leave=False,
+        )
+        step, at_start = done, (_get_rng_state(device), order, cursor)
+        last_finite = [p.detach().clone() for p in params]
+        try:
+            for step in bar:
+                at_start = (_get_rng_state(device), order, cursor)
+                if cursor + batch_size > n:
+                    order, cursor = torch.randperm(n, device=device), 0
+                idx = order[cursor : cursor + batch_size]
+                cursor += batch_size
+                args = (train.x[idx], train.y[idx], _mask(train, idx))
+                optimizer.zero_grad(set_to_none=True)
+                loss = loss_at(step, args)
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, math.inf)
+                value = loss.item()
+                if not (math.isfinite(value) and torch.isfinite(grad_norm)):
+                    raise _non_finite(model, autoguide, args, n, step, value)
+                with torch.no_grad():  # the parameters of the last finite loss, kept
+                    torch._foreach_copy_(last_finite, params)
+                optimizer.step()
+                scheduler.step()
+                trace.append(-value)
+                if step % 25 == 0 or step == num_steps - 1:
+                    bar.set_postfix(elbo=f"{-value:.4g}")
+                if checkpoint_every and (step + 1) % checkpoint_every == 0:
+                    checkpoint(step + 1, _get_rng_state(device), order, cursor)
+        except NonFiniteELBOError as e:
+            # back to the parameters whose loss was last finite (those of step - 1)
+            with torch.no_grad():
+                torch._foreach_copy_(params, last_finite)
+            steps = max(step - 1, 0)
+            e.posterior = _posterior(model, autoguide, train, trace, steps, start, settings)
+            raise
+        except KeyboardInterrupt as e:
+            # the parameters are those at the start of ``step``
+            if checkpoint_dir is not None:
+                checkpoint(step, *at_start)
+            where = f"; saved to {checkpoint_dir} (resume_from=...)" if checkpoint_dir else ""
+            raise KeyboardInterrupt(f"fit_svi interrupted at step {step}{where}") from e
+    return _posterior(model, autoguide, train, trace, num_steps, start, settings)
+
+
+def _posterior(model, guide, train, trace, steps_done, start, settings) -> Posterior:
     record = dict(
         method="svi",
         x_range=[float(train.x.min()), float(train.x.max())],
-        guide=guide,
-        num_steps=num_steps,
-        batch_size=batch_size,
-        lr=lr,
-        lr_decay=lr_decay,
-        num_particles=num_particles,
-        init_scale=init_scale,
-        seed=seed,
-        num_data=n,
+        **settings,
+        num_data=len(train),
+        steps_done=steps_done,
         seconds=time.perf_counter() - start,
-        elbo=trace,
+        elbo=list(trace[:steps_done]),
     )
-    return Posterior(model, guide=autoguide, record=record, example=example_of(train))
+    return Posterior(model, guide=guide, record=record, example=example_of(train))
+
+
+def _get_rng_state(device: torch.device) -> dict:
+    state = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def _set_rng_state(state: dict, device: torch.device) -> None:
+    torch.set_rng_state(state["cpu"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 def _mask(data: SequenceData, idx) -> torch.Tensor | None:

@@ -1,0 +1,105 @@
+"""Checkpoints of an SVI fit: everything needed to continue it to the same numbers.
+
+A checkpoint is a directory holding ``checkpoint.json`` (format version, model class and config,
+the fit's settings, a fingerprint of the data, the completed steps and the ELBO trace) and
+``state.pt`` (model, guide, optimizer and learning-rate schedule states, the RNG state and the
+mini-batch order), written to a staging directory and moved into place, so a crash while
+writing leaves the previous checkpoint intact. Tensors are read back with
+``torch.load(weights_only=True)``: loading never unpickles objects.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from probtransformer._io import replace_directory
+from probtransformer.datasets import SequenceData
+
+#: Version of the on-disk layout written by ``save_checkpoint``.
+CHECKPOINT_VERSION = 1
+_META = "checkpoint.json"
+_STATE = "state.pt"
+
+
+def data_fingerprint(data: SequenceData) -> list[float]:
+    """Cheap summary of the training data (size and sums), to refuse resuming on other data."""
+    parts = [float(len(data)), float(data.x.double().sum()), float(data.y.double().sum())]
+    if data.mask is not None:
+        parts.append(float(data.mask.sum()))
+    return parts
+
+
+def save_checkpoint(path: str | os.PathLike, meta: dict, state: dict) -> None:
+    """Write ``meta`` (JSON) and ``state`` (tensors and plain containers) to directory ``path``.
+
+    Raises:
+        ValueError: ``path`` exists and is not a checkpoint directory.
+        OSError: it cannot be written (the message names ``path``).
+    """
+    target = Path(path).absolute()
+    if target.exists() and not (target.is_dir() and (target / _META).is_file()):
+        if not target.is_dir() or any(target.iterdir()):
+            raise ValueError(f"refusing to write a checkpoint over {target}: it is not one")
+    staging = None
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        (staging / _META).write_text(
+            json.dumps({"format_version": CHECKPOINT_VERSION, **meta}, indent=1)
+        )
+        torch.save(state, staging / _STATE)
+        replace_directory(staging, target)
+    except OSError as e:
+        raise OSError(f"cannot write the checkpoint {target}: {e.strerror or e}") from e
+    finally:
+        if staging is not None and staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def load_checkpoint(path: str | os.PathLike) -> tuple[dict, dict]:
+    """``(meta, state)`` of the checkpoint directory ``path``.
+
+    Raises:
+        FileNotFoundError: ``path`` is not a checkpoint.
+        ValueError: written by a newer version, or damaged.
+    """
+    path = Path(path)
+    if not (path / _META).is_file() or not (path / _STATE).is_file():
+        raise FileNotFoundError(f"{path} is not an SVI checkpoint (no {_META} / {_STATE})")
+    try:
+        meta = json.loads((path / _META).read_text())
+        version = meta["format_version"]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+        raise ValueError(f"{path / _META} is damaged: {e}") from e
+    if not isinstance(version, int) or version > CHECKPOINT_VERSION:
+        raise ValueError(
+            f"{path} has checkpoint format_version {version!r}; this probtransformer reads "
+            f"versions <= {CHECKPOINT_VERSION}: upgrade probtransformer"
+        )
+    try:
+        state = torch.load(path / _STATE, map_location="cpu", weights_only=True)
+    except (RuntimeError, pickle.UnpicklingError, EOFError, OSError) as e:
+        raise ValueError(f"{path / _STATE} is damaged: {str(e).splitlines()[0]}") from e
+    return meta, state
+
+
+def check_compatible(meta: dict, expected: dict, path: str | os.PathLike) -> None:
+    """Refuse to resume when the model, its configuration, the settings or the data differ.
+
+    Raises:
+        ValueError: naming the first field that differs, with both values.
+    """
+    for key, value in expected.items():
+        saved = meta.get(key)
+        if json.loads(json.dumps(value)) != saved:
+            raise ValueError(
+                f"cannot resume from {path}: its {key} is {saved!r} but this fit has {value!r}; "
+                "resume with the same model, data and settings (num_steps included)"
+            )

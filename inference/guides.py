@@ -109,7 +109,8 @@ class AmortizedGuide(nn.Module):
     ) -> None:
         super().__init__()
         self._model = (model,)  # not a submodule: its parameters belong to the model
-        self.global_guide = _global_guide(kind, poutine.block(model, hide_fn=_is_local), init_scale)
+        blocked = poutine.block(model, hide_fn=_is_local)
+        self.global_guide = _global_guide(kind, blocked, init_scale, _init_loc_fn(model))
         self.init_local_scale = init_local_scale
         self.local_scales = nn.ParameterDict()
 

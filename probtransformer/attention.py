@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pyro
 import pyro.distributions as dist
 import torch
+from pyro import poutine
 from pyro.nn import PyroModule, PyroSample
 from torch import nn
 
@@ -128,8 +129,8 @@ class BayesMultiheadAttention(PyroModule):
     ``head_active`` (see ``Posterior.prune_heads``) are not computed at all.
 
     The weights of every call are kept in ``attention_weights`` (detached), shape
-    ``(s, N, active heads, Tq, Tk)``, so the posterior attention can be read after a vectorized
-    forward pass.
+    ``(s, N, H, Tq, Tk)`` (pruned heads all zero), so the posterior attention can be read after a
+    vectorized forward pass.
 
     Args:
         d_model: model width ``d``; divisible by ``num_heads``.
@@ -304,6 +305,9 @@ class BayesMultiheadAttention(PyroModule):
             logits = self._stochastic_logits(logits, k, prior_terms, allowed, heads)
         weights = masked_softmax(logits, allowed)
         self.attention_weights = weights.detach()
+        if nh < self.num_heads:  # pruned heads keep their index, with weights 0
+            self.attention_weights = weights.new_zeros(S, N, self.num_heads, Tq, Tk)
+            self.attention_weights[:, :, heads] = weights.detach()
         ctx = self.dropout(weights) @ v  # (S, N, H', Tq, hs)
         if self.head_prior is not None:
             gate = priors.HeadGatePrior.gate(
@@ -350,7 +354,8 @@ class BayesMultiheadAttention(PyroModule):
         if allowed is not None:  # masked logits: N(0, 1) in model and guide alike, KL 0
             visible = allowed[0]  # (N or 1, 1, Tq, Tk) against (*draws, N, H', Tq, Tk)
             loc, scale = loc.where(visible, 0.0), scale.where(visible, 1.0)
-        with plate:
+        weight = self.priors[priors.StochasticAttentionPrior].kl_weight
+        with plate, poutine.scale(scale=weight):
             fn = dist.Normal(loc, scale).to_event(3)
             z = pyro.sample(name, fn, infer={LOCAL_LATENT: True})
         return z.reshape(-1, *logits.shape[1:])

@@ -204,6 +204,11 @@ def _as_guidance(guidance: object) -> Guidance:
             weights = torch.as_tensor(np.asarray(guidance, dtype=np.float64))
         except (TypeError, ValueError) as e:
             raise TypeError(f"guidance must be a numeric (T, T) matrix: {e}") from e
+        if weights.dim() != 2:
+            raise ValueError(
+                f"a guidance matrix must be (T, T), got shape {tuple(weights.shape)}; for "
+                "guidance that differs between sequences pass a callable (T, mask) -> (N, T, T)"
+            )
         _check_weights(weights, "guidance")
         return GuidanceMatrix(tuple(map(tuple, weights.tolist())))
     if callable(guidance):
@@ -273,7 +278,10 @@ class AttentionLogitPrior:
         """
         weights = self.guidance(T, None if mask is None else mask.cpu())
         if not isinstance(weights, torch.Tensor):
-            weights = torch.as_tensor(np.asarray(weights, dtype=np.float32))
+            try:
+                weights = torch.as_tensor(np.asarray(weights, dtype=np.float32))
+            except (TypeError, ValueError) as e:
+                raise TypeError(f"the guidance must return numeric weights: {e}") from e
         weights = weights.float()
         _check_weights(weights, "the guidance's weights", T)
         return (weights / weights.sum(-1, keepdim=True)).log().to(device)
@@ -299,17 +307,30 @@ class StochasticAttentionPrior:
     predicted. MCMC samples ``z`` non-centred (``LocScaleReparam``) and is supported for small
     data only (at most 50 short sequences).
 
+    Every logit of every sequence is a latent, so their KL term in the ELBO outweighs the labels
+    by orders of magnitude (N·H·T² logits against N labels) and pulls attention towards the
+    key-only prior. ``kl_weight`` < 1 scales that term, as Fan et al. do with their KL
+    coefficient: a tempered posterior for the local latents (1: the exact ELBO).
+
     Args:
         noise_scale: scale of the HalfNormal hyperprior on ``σ_h``; > 0.
+        kl_weight: weight of the local latents' log densities in the ELBO (model and guide
+            alike), in (0, 1].
 
     Raises:
-        ValueError: ``noise_scale`` is not a finite number > 0.
+        ValueError: ``noise_scale`` is not a finite number > 0, ``kl_weight`` not in (0, 1].
     """
 
     noise_scale: float = 1.0
+    kl_weight: float = 1.0
 
     def __post_init__(self) -> None:
         _check_positive("StochasticAttentionPrior.noise_scale", self.noise_scale)
+        _check_positive("StochasticAttentionPrior.kl_weight", self.kl_weight)
+        if self.kl_weight > 1:
+            raise ValueError(
+                f"StochasticAttentionPrior.kl_weight must be in (0, 1], got {self.kl_weight}"
+            )
 
     def scale_distribution(self, num_heads: int, *, device: torch.device):
         """Hyperprior of the per-head noise scales, ``(num_heads,)`` one event."""

@@ -186,9 +186,11 @@ def test_prune_all_but_the_most_important_head(gated, new):
     probs = pruned.predict(new, num_samples=10, seed=1).probs
     assert probs.shape == before.shape and torch.isfinite(probs).all()
     att = pruned.attention(new[:4], num_samples=3, seed=1).samples
-    assert att.shape == (1, 3, 4, LAYERS, 1, T, T)  # one head left per layer
-    assert gated.attention(new[:4], num_samples=3, seed=1).samples.shape[4] == HEADS
-    torch.testing.assert_close(att.sum(-1), torch.ones(att.shape[:-1]))
+    assert att.shape == (1, 3, 4, LAYERS, HEADS, T, T)  # heads keep their original index
+    for layer, keep in enumerate(_active(pruned)):
+        rows = att[:, :, :, layer].sum(-1)  # (chain, draw, n, head, query)
+        torch.testing.assert_close(rows[..., keep, :], torch.ones_like(rows[..., keep, :]))
+        assert (att[:, :, :, layer, ~keep] == 0).all()  # pruned heads: all zero
     # the original posterior is untouched
     assert all(a.all() for a in _active(gated))
     assert pruned.model is not gated.model
@@ -254,3 +256,16 @@ def test_save_and_load_a_pruned_posterior(gated, new, tmp_path):
     b = loaded.predict(new, num_samples=10, seed=5).probs
     assert torch.equal(a, b)
     assert loaded.effective_num_heads() == pytest.approx(pruned.effective_num_heads())
+
+
+def test_layers_pruned_to_different_head_counts_still_export_attention(gated, new):
+    table = gated.head_importance()
+    # prune exactly one head in layer 0 and none in layer 1
+    weakest = table[table["layer"] == 0].sort_values("mean").iloc[0]
+    threshold = float(weakest["mean"]) + 1e-9
+    pruned = gated.prune_heads(threshold)
+    counts = [int(a.sum()) for a in _active(pruned)]
+    assert len(set(counts)) > 1, counts  # layers keep different numbers of heads
+    att = pruned.attention(new[:2], num_samples=2, seed=0)
+    assert att.samples.shape[4] == HEADS
+    assert (att.samples[:, :, :, 0, int(weakest["head"])] == 0).all()

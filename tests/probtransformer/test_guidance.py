@@ -151,13 +151,14 @@ def test_callable_guidance_per_sequence():
         (torch.ones(3, 4), ["guidance", "(3, 4)"]),
         (torch.ones(4), ["guidance", "(4,)"]),
         (torch.ones(2, 2, 2, 2), ["guidance", "(2, 2, 2, 2)"]),
+        (torch.ones(3, 2, 2), ["guidance matrix must be (T, T)", "(3, 2, 2)", "callable"]),
         (torch.tensor([[1.0, -0.5], [1.0, 1.0]]), ["guidance", "negative"]),
         (torch.tensor([[1.0, float("nan")], [1.0, 1.0]]), ["guidance", "NaN"]),
         (torch.tensor([[1.0, float("inf")], [1.0, 1.0]]), ["guidance", "inf"]),
         (torch.tensor([[1.0, 1.0], [0.0, 0.0]]), ["guidance", "row", "[1]", "positive"]),
         ([[False, False], [True, True]], ["guidance", "[0]"]),
     ],
-    ids=["non-square", "1-D", "4-D", "negative", "nan", "inf", "empty-row", "empty-bool-row"],
+    ids=["non-square", "1-D", "4-D", "3-D", "negative", "nan", "inf", "empty-row", "empty-bool-row"],
 )
 def test_bad_guidance_matrix_is_named(matrix, words):
     with pytest.raises(ValueError) as info:

@@ -310,7 +310,11 @@ class StochasticAttentionPrior:
     Every logit of every sequence is a latent, so their KL term in the ELBO outweighs the labels
     by orders of magnitude (N·H·T² logits against N labels) and pulls attention towards the
     key-only prior. ``kl_weight`` < 1 scales that term, as Fan et al. do with their KL
-    coefficient: a tempered posterior for the local latents (1: the exact ELBO).
+    coefficient: a tempered posterior for the local latents (1: the exact ELBO). Measured on
+    digits (classes 8 and 9 held out): the default model with the exact ELBO reached test
+    accuracy 0.61 after 3,000 steps (``benchmarks/ood_baselines.py``); a d_model-16, 1-layer
+    model after 1,000 steps reached 0.93 with ``kl_weight=0.01`` against 0.95 without
+    stochastic attention.
 
     Args:
         noise_scale: scale of the HalfNormal hyperprior on ``σ_h``; > 0.

@@ -54,7 +54,9 @@ def main(argv: list[str] | None = None) -> None:
         *(
             f"- layer {layer}: "
             + ", ".join(f"{g:.3f}" for g in rows["mean"])
-            + f" (90% intervals {', '.join(f'[{a:.2f}, {b:.2f}]' for a, b in zip(rows['lower'], rows['upper'], strict=True))})"
+            + " (90% intervals "
+            + ", ".join(f"[{a:.2f}, {b:.2f}]" for a, b in rows[["lower", "upper"]].to_numpy())
+            + ")"
             for layer, rows in gates.groupby("layer")
         ),
         "",

@@ -41,8 +41,9 @@ def fit_map(model: torch.nn.Module, data: SequenceData, **kwargs) -> Posterior:
     Returns:
         A point-estimate ``Posterior`` (``is_point_estimate``; predictions use one draw, so
         ``probs`` is ``(1, N, C)`` and the epistemic part is 0 — except for models with local
-        latents, stochastic attention, whose logits keep their amortized guide); ``record["method"] == "map"``,
-        ``record["elbo"]`` the log joint per step (nats, full-data scale).
+        latents, stochastic attention, whose logits keep their amortized guide);
+        ``record["method"] == "map"``, ``record["elbo"]`` the log joint per step (nats,
+        full-data scale).
 
     Raises:
         TypeError: ``guide=`` given (MAP is always the point mass), an unknown keyword, or a

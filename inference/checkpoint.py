@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from probtransformer._io import replace_directory
+from probtransformer._io import read_versioned_json, replace_directory
 from probtransformer.datasets import SequenceData
 
 #: Version of the on-disk layout written by ``save_checkpoint``.
@@ -73,16 +73,7 @@ def load_checkpoint(path: str | os.PathLike) -> tuple[dict, dict]:
     path = Path(path)
     if not (path / _META).is_file() or not (path / _STATE).is_file():
         raise FileNotFoundError(f"{path} is not an SVI checkpoint (no {_META} / {_STATE})")
-    try:
-        meta = json.loads((path / _META).read_text())
-        version = meta["format_version"]
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
-        raise ValueError(f"{path / _META} is damaged: {e}") from e
-    if not isinstance(version, int) or version > CHECKPOINT_VERSION:
-        raise ValueError(
-            f"{path} has checkpoint format_version {version!r}; this probtransformer reads "
-            f"versions <= {CHECKPOINT_VERSION}: upgrade probtransformer"
-        )
+    meta = read_versioned_json(path / _META, CHECKPOINT_VERSION, "checkpoint format_version")
     try:
         state = torch.load(path / _STATE, map_location="cpu", weights_only=True)
     except (RuntimeError, pickle.UnpicklingError, EOFError, OSError) as e:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from probtransformer._io import replace_directory
+from probtransformer._io import read_versioned_json, replace_directory
 from probtransformer.datasets import SequenceData
 from probtransformer.inference._runtime import pyro_scope, resolve_device
 from probtransformer.inference.guides import build_guide
@@ -132,16 +132,7 @@ def load_posterior(path: str | os.PathLike, *, device: str | torch.device = "cpu
     if not (path / _META).is_file() or not (path / _TENSORS).is_file():
         raise FileNotFoundError(f"{path} is not a saved posterior (no {_META} / {_TENSORS})")
     device = resolve_device(device)
-    try:
-        meta = json.loads((path / _META).read_text())
-        version = meta["format_version"]
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
-        raise ValueError(f"{path / _META} is damaged: {_first_line(e)}") from e
-    if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise ValueError(
-            f"{path} has format_version {version!r}; this probtransformer reads versions "
-            f"<= {FORMAT_VERSION}: upgrade probtransformer"
-        )
+    meta = read_versioned_json(path / _META, FORMAT_VERSION)
     try:
         module_name, _, class_name = meta["model_class"].rpartition(".")
         cls = getattr(importlib.import_module(module_name), class_name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -23,3 +24,23 @@ def replace_directory(staging: Path, target: Path) -> None:
         old.rename(target)
         raise
     shutil.rmtree(old)
+
+
+def read_versioned_json(path: Path, latest: int, what: str = "format_version") -> dict:
+    """The JSON object in ``path``, refused when damaged or written by a newer version.
+
+    Raises:
+        ValueError: not JSON, no integer ``format_version``, or one above ``latest`` (the message
+            says to upgrade; ``what`` names the format in it).
+    """
+    try:
+        meta = json.loads(path.read_text())
+        version = meta["format_version"]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+        raise ValueError(f"{path} is damaged: {(str(e).splitlines() or [repr(e)])[0]}") from e
+    if not isinstance(version, int) or version > latest:
+        raise ValueError(
+            f"{path.parent} has {what} {version!r}; this probtransformer reads versions "
+            f"<= {latest}: upgrade probtransformer"
+        )
+    return meta

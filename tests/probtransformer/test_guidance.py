@@ -158,7 +158,7 @@ def test_callable_guidance_per_sequence():
         (torch.tensor([[1.0, 1.0], [0.0, 0.0]]), ["guidance", "row", "[1]", "positive"]),
         ([[False, False], [True, True]], ["guidance", "[0]"]),
     ],
-    ids=["non-square", "1-D", "4-D", "3-D", "negative", "nan", "inf", "empty-row", "empty-bool-row"],
+    ids=["non-square", "1-D", "4-D", "3-D", "negative", "nan", "inf", "empty-row", "empty-bool"],
 )
 def test_bad_guidance_matrix_is_named(matrix, words):
     with pytest.raises(ValueError) as info:

@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pandas as pd
 import pyro
-import pyro.distributions as dist
 import torch
 from pyro import poutine
 from pyro.infer.autoguide import AutoDelta, AutoGuide
@@ -446,8 +445,9 @@ class Posterior:
 
         def read(trace):
             fn = self._likelihood(trace)
-            if isinstance(fn, (dist.Categorical, torch.distributions.Categorical)):
-                return {"probs": fn.probs}
+            categorical = _categorical(fn)
+            if categorical is not None:
+                return {"probs": categorical.probs}
             return {"samples": fn.sample(), "loc": fn.mean, "variance": fn.variance}
 
         out = self._evaluate(
@@ -713,6 +713,15 @@ def _check_samples(samples: dict[str, torch.Tensor], shapes: dict[str, torch.Siz
                 f"samples[{name!r}] must have shape (chain, draw, *{tuple(shapes[name])}) with "
                 f"the same (chain, draw) as the other sites, got {tuple(value.shape)}"
             )
+
+
+def _categorical(fn) -> torch.distributions.Categorical | None:
+    """The ``Categorical`` inside ``fn`` (through ``.to_event``/``.mask`` wrappers), or None."""
+    while not isinstance(fn, torch.distributions.Categorical):
+        fn = getattr(fn, "base_dist", None)
+        if fn is None:
+            return None
+    return fn
 
 
 def _is_local(site: dict) -> bool:

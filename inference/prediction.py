@@ -66,8 +66,12 @@ class Prediction:
     prediction) and an epistemic part (mutual information between the label and the weights):
     ``entropy = aleatoric + epistemic`` (Depeweg et al. 2018; Houlsby et al. 2011, BALD).
 
+    Token-level models (``TokenTagger``, ``CausalLM``) give one distribution per step: ``probs``
+    is then ``(S, N, T, C)`` and every summary below gains the ``T`` dim (values at padded steps
+    are computed but meaningless: select the real steps with the mask).
+
     Attributes:
-        probs: ``(S, N, C)`` class probabilities of each draw (CPU).
+        probs: ``(S, N, C)`` (or ``(S, N, T, C)``) class probabilities of each draw (CPU).
     """
 
     probs: torch.Tensor
@@ -154,16 +158,23 @@ class Prediction:
         return _kept(scores, score, threshold, coverage)
 
     def __repr__(self) -> str:
-        draws, n, classes = self.probs.shape
+        draws, n, *steps, classes = self.probs.shape
+        steps = f"steps={steps[0]}, " if steps else ""
         return (
-            f"Prediction(draws={draws}, n={n}, classes={classes}, "
+            f"Prediction(draws={draws}, n={n}, {steps}classes={classes}, "
             f"mean_entropy={self.entropy.mean():.4f} nats, "
             f"mean_epistemic={self.epistemic.mean():.4f} nats)"
         )
 
     def to_dataframe(self, class_names: list[str] | None = None) -> pd.DataFrame:
         """One row per input: ``prob_<class>``, ``predicted``, ``entropy``, ``aleatoric``,
-        ``epistemic``."""
+        ``epistemic``. For token-level predictions one row per (input, step), with columns
+        ``sequence`` and ``step`` first."""
+        if self.probs.dim() == 4:
+            S, N, T, C = self.probs.shape
+            frame = Prediction(self.probs.reshape(S, N * T, C)).to_dataframe(class_names)
+            index = pd.MultiIndex.from_product([range(N), range(T)], names=["sequence", "step"])
+            return frame.set_index(index).reset_index()
         mean = self.mean
         names = class_names or [str(c) for c in range(mean.shape[-1])]
         frame = pd.DataFrame(mean.numpy(), columns=[f"prob_{c}" for c in names])

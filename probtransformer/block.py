@@ -112,3 +112,61 @@ class TransformerBlock(PyroModule):
             return h + self.dropout(self.ffn(self.norm2(h)))
         h = self.norm1(h + attend(h))
         return self.norm2(h + self.dropout(self.ffn(h)))
+
+
+class DecoderBlock(TransformerBlock):
+    """Self-attention, cross-attention to an encoded sequence (the "memory"), and feed-forward,
+    each with a residual connection and LayerNorm (Vaswani et al. 2017, section 3.1).
+
+    Same arguments as ``TransformerBlock``. The cross-attention gets the same weight prior and
+    only the attention priors that are defined for queries and keys of different sequences
+    (``LogitScalePrior``, and the head gates); guidance and stochastic attention apply to
+    self-attention.
+
+    Shapes:
+        ``forward(h (s, N, Tq, d), memory (s, N, Tk, d), memory_mask (N, Tk))`` ->
+        ``(s', N, Tq, d)``.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, d_ff: int, **kwargs) -> None:
+        super().__init__(d_model, num_heads, d_ff, **kwargs)
+        bayesian = kwargs.get("bayesian", frozenset({"attention"}))
+        cross_priors = tuple(
+            spec
+            for spec in priors.attention_specs(kwargs.get("attention_prior"))
+            if isinstance(spec, priors.LogitScalePrior)
+        )
+        self.cross_attention = BayesMultiheadAttention(
+            d_model,
+            num_heads,
+            bayesian="attention" in bayesian,
+            weight_prior=kwargs.get("weight_prior"),
+            attention_prior=cross_priors,
+            head_prior=kwargs.get("head_prior"),
+            dropout=kwargs.get("dropout", 0.0),
+        )
+        self.norm3 = BayesLayerNorm(d_model, bayesian="norm" in bayesian)
+
+    def forward(
+        self,
+        h: torch.Tensor,
+        memory: torch.Tensor,
+        *,
+        key_padding_mask: torch.Tensor | None = None,
+        memory_mask: torch.Tensor | None = None,
+        attn_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        def attend(x: torch.Tensor) -> torch.Tensor:
+            out = self.attention(x, key_padding_mask=key_padding_mask, attn_mask=attn_mask)
+            return self.dropout(out)
+
+        def cross(x: torch.Tensor) -> torch.Tensor:
+            return self.dropout(self.cross_attention(x, memory, key_padding_mask=memory_mask))
+
+        if self.norm_first:
+            h = h + attend(self.norm1(h))
+            h = h + cross(self.norm3(h))
+            return h + self.dropout(self.ffn(self.norm2(h)))
+        h = self.norm1(h + attend(h))
+        h = self.norm3(h + cross(h))
+        return self.norm2(h + self.dropout(self.ffn(h)))

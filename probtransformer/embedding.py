@@ -1,4 +1,4 @@
-"""Input embeddings: continuous features per step -> model width, plus positions."""
+"""Input embeddings: continuous features or token ids per step -> model width, plus positions."""
 
 from __future__ import annotations
 
@@ -30,6 +30,8 @@ class FeatureEmbedding(PyroModule):
         cls_token: prepend a classification token.
         bayesian: the projection (and CLS token, prior N(0, 1)) are latent.
         prior: prior spec of the projection.
+        grid: ``(rows, cols)`` when the steps are image patches in row-major order: 2-D
+            positions (see ``SinusoidalPositionalEncoding``).
 
     Shapes:
         ``forward(x (N, T, F), mask (N, T) | None)`` -> ``h (s, N, T', d)``, ``mask (N, T') | None``
@@ -47,12 +49,15 @@ class FeatureEmbedding(PyroModule):
         cls_token: bool = False,
         bayesian: bool = False,
         prior: priors.Normal | None = None,
+        grid: tuple[int, int] | None = None,
     ) -> None:
         super().__init__()
         self.d_model = d_model
         self.bayesian = bayesian
-        self.projection = BayesLinear(in_features, d_model, bayesian=bayesian, prior=prior)
-        self.positional = SinusoidalPositionalEncoding(d_model, max_len + int(cls_token))
+        self.projection = self._projection(in_features, d_model, bayesian, prior)
+        self.positional = SinusoidalPositionalEncoding(
+            d_model, max_len, grid=grid, leading=int(cls_token)
+        )
         self.register_buffer("device_anchor", torch.zeros(()), persistent=False)
         if not cls_token:
             self.cls = None
@@ -61,6 +66,10 @@ class FeatureEmbedding(PyroModule):
         else:
             self.cls = nn.Parameter(torch.empty(d_model))
             self.reset_parameters()
+
+    @staticmethod
+    def _projection(in_features, d_model, bayesian, prior) -> PyroModule:
+        return BayesLinear(in_features, d_model, bayesian=bayesian, prior=prior)
 
     def reset_parameters(self) -> None:
         """Re-draw a point-estimate CLS token from N(0, 0.02²)."""
@@ -80,3 +89,55 @@ class FeatureEmbedding(PyroModule):
             if mask is not None:
                 mask = torch.cat([mask.new_ones(N, 1), mask], dim=1)  # (N, T + 1)
         return self.positional(h), mask
+
+
+def _table_prior(module: TokenTable):
+    loc = torch.zeros(module.vocab_size, module.d_model, device=module.device_anchor.device)
+    return dist.Normal(loc, 1.0).to_event(2)
+
+
+class TokenTable(PyroModule):
+    """Lookup table of token vectors, latent (prior N(0, 1)) or a point estimate (init N(0, 1)).
+
+    Shapes:
+        ``forward(ids)``: ``(1, N, T)`` int64 -> ``(s, N, T, d)``.
+    """
+
+    site_dims = {"weight": ("vocab", "features")}
+
+    def __init__(self, vocab_size: int, d_model: int, *, bayesian: bool = False) -> None:
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.d_model = d_model
+        self.register_buffer("device_anchor", torch.zeros(()), persistent=False)
+        if bayesian:
+            self.weight = PyroSample(_table_prior)
+        else:
+            self.weight = nn.Parameter(torch.empty(vocab_size, d_model))
+            self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Re-draw a point-estimate table from N(0, 1) (as ``torch.nn.Embedding``)."""
+        if isinstance(self.weight, nn.Parameter):
+            nn.init.normal_(self.weight)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        table = flatten_draws(self.weight, 2)  # (s, V, d)
+        return table[:, ids[0]] if table.shape[0] > 1 else table[0][ids]  # (s, N, T, d)
+
+
+class TokenEmbedding(FeatureEmbedding):
+    """Looks up a vector per token id (``vocab_size`` ids) and adds sinusoidal positions.
+
+    Same arguments as ``FeatureEmbedding`` with ``vocab_size`` in place of ``in_features``; the
+    prior of a latent table is N(0, 1) per entry.
+
+    Shapes:
+        ``forward(x (N, T) int64, mask (N, T) | None)`` -> ``h (s, N, T', d)``, ``mask``.
+    """
+
+    site_dims = FeatureEmbedding.site_dims
+
+    @staticmethod
+    def _projection(vocab_size, d_model, bayesian, prior) -> PyroModule:
+        return TokenTable(vocab_size, d_model, bayesian=bayesian)

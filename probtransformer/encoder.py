@@ -7,7 +7,7 @@ from pyro.nn import PyroModule, PyroModuleList
 
 from probtransformer import priors
 from probtransformer.attention import BayesMultiheadAttention
-from probtransformer.block import TransformerBlock
+from probtransformer.block import DecoderBlock, TransformerBlock
 from probtransformer.layers import BayesLayerNorm
 
 
@@ -75,4 +75,64 @@ class TransformerEncoder(PyroModule):
             attn_mask = torch.ones(T, T, dtype=torch.bool, device=h.device).tril()  # (T, T)
         for layer in self.layers:
             h = layer(h, key_padding_mask=key_padding_mask, attn_mask=attn_mask)
+        return h if self.norm is None else self.norm(h)
+
+
+class TransformerDecoder(PyroModule):
+    """``num_layers`` decoder blocks (self-attention, cross-attention to the encoder output,
+    feed-forward), then a final LayerNorm when pre-norm.
+
+    Args:
+        as ``TransformerEncoder``.
+
+    Shapes:
+        ``forward(h (s, N, Tq, d), memory (s, N, Tk, d), memory_mask=(N, Tk))`` ->
+        ``(s', N, Tq, d)``.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        d_model: int,
+        num_heads: int,
+        d_ff: int,
+        *,
+        causal: bool = False,
+        norm_first: bool = True,
+        bayesian: frozenset[str] = frozenset({"attention"}),
+        **kwargs,
+    ) -> None:
+        super().__init__()
+        self.causal = causal
+        self.layers = PyroModuleList(
+            [
+                DecoderBlock(
+                    d_model, num_heads, d_ff, norm_first=norm_first, bayesian=bayesian, **kwargs
+                )
+                for _ in range(num_layers)
+            ]
+        )
+        self.norm = BayesLayerNorm(d_model, bayesian="norm" in bayesian) if norm_first else None
+
+    @property
+    def attention_modules(self) -> dict[str, list[BayesMultiheadAttention]]:
+        """``{"decoder.self": [...], "decoder.cross": [...]}``, one module per layer."""
+        return {
+            "decoder.self": [layer.attention for layer in self.layers],
+            "decoder.cross": [layer.cross_attention for layer in self.layers],
+        }
+
+    def forward(
+        self,
+        h: torch.Tensor,
+        memory: torch.Tensor,
+        *,
+        memory_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        T = h.shape[-2]
+        attn_mask = None
+        if self.causal:
+            attn_mask = torch.ones(T, T, dtype=torch.bool, device=h.device).tril()  # (T, T)
+        for layer in self.layers:
+            h = layer(h, memory, memory_mask=memory_mask, attn_mask=attn_mask)
         return h if self.norm is None else self.norm(h)

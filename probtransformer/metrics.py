@@ -286,6 +286,59 @@ def crps_samples(samples: ArrayLike, y: ArrayLike) -> float:
     return float((abs_error - 0.5 * spread).mean())
 
 
+def token_level(
+    probs: ArrayLike, y: ArrayLike, mask: ArrayLike | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Flatten token-level predictions to the real steps, for the per-example metrics above.
+
+    Args:
+        probs: (N, T, C) per-step class probabilities (e.g. ``Prediction.mean`` of a
+            ``TokenTagger`` or ``CausalLM``).
+        y: (N, T) integer labels.
+        mask: (N, T) bool, True = real step, or None (every step is real).
+
+    Returns:
+        ``(probs (M, C), y (M,))`` for the ``M`` real steps, as numpy arrays.
+
+    Raises:
+        TypeError: if an input is not a tensor/array, or `mask` is not bool.
+        ValueError: on mismatched shapes, or no real step.
+    """
+    p = _as_array(probs, "probs")
+    labels = _as_array(y, "y")
+    if p.ndim != 3 or labels.shape != p.shape[:2]:
+        raise ValueError(
+            f"probs must be (N, T, C) and y (N, T), got shapes {p.shape} and {labels.shape}"
+        )
+    keep = np.ones(labels.shape, dtype=bool) if mask is None else _as_array(mask, "mask")
+    if keep.dtype != bool:
+        raise TypeError(f"mask must be bool, got dtype {keep.dtype}")
+    if keep.shape != labels.shape:
+        raise ValueError(f"mask must have shape {labels.shape} like y, got {keep.shape}")
+    if not keep.any():
+        raise ValueError("mask marks no real step")
+    return p[keep], labels[keep]
+
+
+def perplexity(probs: ArrayLike, y: ArrayLike, mask: ArrayLike | None = None) -> float:
+    """Perplexity of next-token predictions: ``exp`` of the mean per-token NLL in nats.
+
+    Args:
+        probs: (N, T, C) predictive next-token probabilities (or (M, C) already flattened).
+        y: (N, T) (or (M,)) the tokens that followed.
+        mask: (N, T) bool, True = a real step to score, or None.
+
+    Returns:
+        Perplexity, >= 1 (the vocabulary size for uniform predictions).
+
+    Raises:
+        TypeError, ValueError: as for `nll` and `token_level`.
+    """
+    if _as_array(probs, "probs").ndim == 3:
+        probs, y = token_level(probs, y, mask)
+    return float(np.exp(nll(probs, y)))
+
+
 def classification_report(probs: ArrayLike, y: ArrayLike) -> dict[str, float]:
     """Accuracy, NLL (nats), ECE (15 equal-width bins) and Brier score in one dict.
 

@@ -27,6 +27,7 @@ from probtransformer.inference.checkpoint import (
     save_checkpoint,
 )
 from probtransformer.inference.guides import GUIDES, build_guide, has_local_latents
+from probtransformer.inference.model_checks import check_model_structure
 from probtransformer.inference.posterior import Posterior, check_data, check_model, example_of
 
 
@@ -62,6 +63,7 @@ def _check_data(model: torch.nn.Module, data: SequenceData) -> None:
         raise ValueError("data is empty (N = 0): fitting needs at least one observation")
     if hasattr(model, "validate"):
         model.validate(data.x, data.y, data.mask)
+    check_model_structure(model, data)
 
 
 def fit_svi(

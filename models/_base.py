@@ -125,20 +125,23 @@ def check_sequence_inputs(
         if y.device != x.device:
             raise ValueError(f"y is on {y.device} but x is on {x.device}")
         if num_classes is not None:
-            check_labels(y, (N,), num_classes)
+            check_labels(y, (N,), num_classes, dims="(N,)")
 
 
-def check_labels(y: torch.Tensor, shape: tuple[int, ...], num_classes: int) -> None:
-    """``y`` must be int64 of ``shape`` with values in ``[0, num_classes)``.
+def check_labels(
+    y: torch.Tensor, shape: tuple[int, ...], num_classes: int, *, dims: str = ""
+) -> None:
+    """``y`` must be int64 of ``shape`` (named ``dims``, e.g. ``"(N, T)"``) with values in
+    ``[0, num_classes)``.
 
     Raises:
         TypeError: not int64. ValueError: wrong shape or a label out of range.
     """
     if not isinstance(y, torch.Tensor) or y.dtype != torch.int64:
         got = _describe(y) if isinstance(y, torch.Tensor) else type(y).__name__
-        raise TypeError(f"y must be int64 class labels of shape {shape}, got {got}")
+        raise TypeError(f"y must be int64 class labels of shape {dims}={shape}, got {got}")
     if tuple(y.shape) != shape:
-        raise ValueError(f"y must have shape {shape}, got {tuple(y.shape)}")
+        raise ValueError(f"y must have shape {dims}={shape}, got {tuple(y.shape)}")
     if y.numel() and (y.min() < 0 or y.max() >= num_classes):
         raise ValueError(
             f"y must hold labels in [0, {num_classes}), got values in "
@@ -146,17 +149,17 @@ def check_labels(y: torch.Tensor, shape: tuple[int, ...], num_classes: int) -> N
         )
 
 
-def check_values(y: torch.Tensor, shape: tuple[int, ...]) -> None:
-    """``y`` must be a finite float tensor of ``shape``.
+def check_values(y: torch.Tensor, shape: tuple[int, ...], *, dims: str = "") -> None:
+    """``y`` must be a finite float tensor of ``shape`` (named ``dims``, e.g. ``"(N, H)"``).
 
     Raises:
         TypeError: not floating point. ValueError: wrong shape, NaN or inf.
     """
     if not isinstance(y, torch.Tensor) or not y.is_floating_point():
         got = _describe(y) if isinstance(y, torch.Tensor) else type(y).__name__
-        raise TypeError(f"y must be a float tensor of shape {shape}, got {got}")
+        raise TypeError(f"y must be a float tensor of shape {dims}={shape}, got {got}")
     if tuple(y.shape) != shape:
-        raise ValueError(f"y must have shape {shape}, got {tuple(y.shape)}")
+        raise ValueError(f"y must have shape {dims}={shape}, got {tuple(y.shape)}")
     if not torch.isfinite(y).all():
         raise ValueError("y contains NaN or inf values: drop or impute those targets first")
 

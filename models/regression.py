@@ -102,7 +102,9 @@ class _RegressionModel(TransformerModel):
         """
         self._check_inputs(x, y, mask)
         if y is not None:
-            check_values(y, (x.shape[0], *self.output_shape))
+            check_values(
+                y, (x.shape[0], *self.output_shape), dims="(N, H)" if self.horizon else "(N,)"
+            )
 
     def _observe(self, f: torch.Tensor, y: torch.Tensor | None, plate: pyro.plate) -> torch.Tensor:
         """``f (s, N, *output_shape)`` standardised outputs -> the likelihood site; returns loc."""

@@ -97,7 +97,7 @@ class TokenTagger(TransformerModel):
         """
         self._check_inputs(x, y, mask)
         if y is not None:
-            check_labels(y, tuple(x.shape[:2]), self.num_classes)
+            check_labels(y, tuple(x.shape[:2]), self.num_classes, dims="(N, T)")
 
     def forward(
         self,

@@ -1,0 +1,108 @@
+"""Fits trace a model once and reject Pyro's silent-wrong-model pitfalls, naming site and fix."""
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from pyro.nn import PyroModule, PyroSample
+
+from probtransformer.datasets import SequenceData
+from probtransformer.inference import fit_mcmc, fit_svi
+from probtransformer.inference.model_checks import check_model_structure, module_sample_sites
+from probtransformer.models import SequenceRegressor, TokenTagger
+
+QUICK = dict(num_steps=2, progress=False)
+
+
+class Regression(PyroModule):
+    """y_n ~ N(w · x_n, 1): the correct form, and the three broken variants below."""
+
+    likelihood_site = "y"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.config = {}
+        self.w = PyroSample(dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+
+    def forward(self, x, y=None, mask=None, *, num_data=None):
+        w = self.w  # read before the plate: one draw for the model
+        with pyro.plate("data", num_data or len(x), subsample=torch.arange(len(x))):
+            return pyro.sample("y", dist.Normal(x @ w, 1.0), obs=y)
+
+
+class GlobalReadInPlate(Regression):
+    def forward(self, x, y=None, mask=None, *, num_data=None):
+        with pyro.plate("data", len(x)):
+            return pyro.sample("y", dist.Normal((x * self.w).sum(-1), 1.0), obs=y)
+
+
+class ObservedOutsidePlate(Regression):
+    def forward(self, x, y=None, mask=None, *, num_data=None):
+        w = self.w
+        return pyro.sample("y", dist.Normal(x @ w, 1.0).to_event(1), obs=y)
+
+
+class PerStepBatch(Regression):
+    """(N, T) targets with the data plate moved to dim -2 and no ``.to_event(1)``."""
+
+    def forward(self, x, y=None, mask=None, *, num_data=None):
+        w = self.w
+        with pyro.plate("data", len(x), dim=-2):
+            return pyro.sample("y", dist.Normal(x * w, 1.0), obs=y)
+
+
+@pytest.fixture
+def data():
+    x = torch.randn(6, 2)
+    return SequenceData(x, x @ torch.tensor([1.0, -1.0]))
+
+
+def test_a_correct_model_passes_and_fits(data):
+    check_model_structure(Regression(), data)
+    assert fit_svi(Regression(), data, **QUICK).record["steps_done"] == 2
+
+
+@pytest.mark.parametrize(
+    "model, words",
+    [
+        (GlobalReadInPlate, ["'w'", "once per data point", "before entering the plate"]),
+        (ObservedOutsidePlate, ["'y'", "outside pyro.plate('data')", "mini-batches"]),
+    ],
+)
+def test_pitfalls_are_rejected_with_site_and_fix(data, model, words):
+    for fit in (fit_svi, fit_mcmc):
+        options = QUICK if fit is fit_svi else dict(num_warmup=2, num_samples=2, progress=False)
+        with pytest.raises(ValueError) as info:
+            fit(model(), data, **options)
+        for word in words:
+            assert word in str(info.value)
+
+
+def test_extra_batch_dims_on_the_likelihood_are_rejected():
+    x = torch.randn(6, 2)
+    data = SequenceData(x, x * 2)  # (N, T=2) targets
+    with pytest.raises(ValueError, match=r"batch shape \(3, 2\) for 3 observations.*to_event"):
+        fit_svi(PerStepBatch(), data, **QUICK)
+
+
+def test_builtin_models_pass_and_the_callers_rng_is_untouched():
+    x = torch.randint(0, 5, (4, 6))
+    tagger = TokenTagger(None, 2, 6, vocab_size=5, d_model=8, num_heads=2, num_layers=1, d_ff=8)
+    regressor = SequenceRegressor(3, 6, horizon=2, d_model=8, num_heads=2, num_layers=1, d_ff=8)
+    tags, values = (
+        SequenceData(x, (x > 2).long()),
+        SequenceData(torch.randn(4, 6, 3), torch.randn(4, 2)),
+    )
+    torch.manual_seed(1)
+    before = torch.rand(1)
+    torch.manual_seed(1)
+    check_model_structure(tagger, tags)
+    check_model_structure(regressor, values)
+    assert torch.equal(torch.rand(1), before)  # dropout in the trace drew from a forked RNG
+
+
+def test_module_sample_sites_lists_full_names():
+    tagger = TokenTagger(None, 2, 6, vocab_size=5, d_model=8, num_heads=2, num_layers=1, d_ff=8)
+    names = module_sample_sites(tagger)
+    assert "head.weight" in names
+    assert "encoder.layers.0.attention.projection" in names

@@ -31,6 +31,10 @@ from probtransformer.inference.prediction import (
 #: Rows per vectorized forward pass in ``predict``/``attention``/``log_likelihood``.
 DEFAULT_BATCH_SIZE = 256
 
+#: Bytes the intermediate tensors of one forward pass of ``predict``/``attention``/
+#: ``pointwise`` may take (1 GiB): rows, and if need be draws, are split into passes to fit.
+DEFAULT_MEMORY_BUDGET = 2**30
+
 #: Guide draws when an export or diagnostic is not told how many (sample-based: all draws).
 DEFAULT_NUM_SAMPLES = 100
 
@@ -286,8 +290,10 @@ class Posterior:
         *,
         states: dict[str, torch.Tensor] | None = None,
         count: int | None = None,
+        draws_per_pass: int | None = None,
     ) -> dict[str, torch.Tensor]:
-        """``_run_vectorized``, or for MC dropout and ensembles one pass per draw.
+        """``_run_vectorized`` over all draws, over ``draws_per_pass`` draws at a time, or for MC
+        dropout and ensembles one pass per draw.
 
         A vectorized pass would reuse one dropout mask for all draws wherever a tensor has no
         draw dim yet, and it cannot give each draw its own parameters: draw ``s`` runs alone,
@@ -297,16 +303,18 @@ class Posterior:
         Args:
             states: ``{name: (S, *shape)}`` model parameters per draw, or None.
             count: number of draws ``S`` when ``flat_draws`` is empty (no latent sites).
+            draws_per_pass: draws per vectorized pass (None: all).
         """
-        if not self.mc_dropout and states is None:
-            return self._run_vectorized(flat_draws, x, y, mask, read, batch_size)
         num = next(iter(flat_draws.values())).shape[0] if flat_draws else count or 1
+        step = 1 if self.mc_dropout or states is not None else draws_per_pass or num
+        if step >= num:
+            return self._run_vectorized(flat_draws, x, y, mask, read, batch_size)
         outs = []
         with _dropout_active(self.model, self.mc_dropout), _parameters_kept(self.model, states):
-            for s in range(num):
+            for s in range(0, num, step):
                 if states is not None:
                     _set_parameters(self.model, {k: v[s] for k, v in states.items()})
-                draw = {k: v[s : s + 1] for k, v in flat_draws.items()}
+                draw = {k: v[s : s + step] for k, v in flat_draws.items()}
                 outs.append(self._run_vectorized(draw, x, y, mask, read, batch_size))
         return {key: torch.cat([out[key] for out in outs]) for key in outs[0]}
 
@@ -383,10 +391,23 @@ class Posterior:
         num_samples: int | None,
         seed: int,
         batch_size: int,
+        memory_budget: int | None = DEFAULT_MEMORY_BUDGET,
     ) -> dict[str, torch.Tensor]:
-        """``_run`` over seeded posterior draws; outputs come back as ``(chain, draw, n, ...)``."""
+        """``_run`` over seeded posterior draws; outputs come back as ``(chain, draw, n, ...)``.
+
+        Each forward pass holds at most ``batch_size`` rows, and the rows and draws of a pass are
+        chosen so that the estimated intermediates (``activation_bytes``) fit ``memory_budget``.
+        """
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        if memory_budget is not None and (
+            isinstance(memory_budget, bool)
+            or not isinstance(memory_budget, int)
+            or memory_budget < 1
+        ):
+            raise ValueError(
+                f"memory_budget must be a number of bytes >= 1 or None, got {memory_budget!r}"
+            )
         draws = self.draws(num_samples, seed=seed)
         states = self._member_states(num_samples)
         first = next(iter({**draws, **(states or {})}.values()), None)
@@ -395,6 +416,11 @@ class Posterior:
         else:  # no latent sites: one draw, or num_samples dropout passes
             chains, per_chain = 1, (num_samples or DEFAULT_NUM_SAMPLES) if self.mc_dropout else 1
         flat_states = None if states is None else _flatten_chains(states)
+        num, draws_per_pass = chains * per_chain, None
+        if memory_budget is not None:
+            cost = activation_bytes(self.model, x)  # per draw and row
+            draws_per_pass = max(1, min(num, memory_budget // cost))
+            batch_size = max(1, min(batch_size, memory_budget // (cost * draws_per_pass)))
         with seeded(seed, self.device):
             out = self._run(
                 _flatten_chains(draws),
@@ -404,7 +430,8 @@ class Posterior:
                 read,
                 batch_size,
                 states=flat_states,
-                count=chains * per_chain,
+                count=num,
+                draws_per_pass=draws_per_pass,
             )
         return {k: v.reshape(chains, per_chain, *v.shape[1:]) for k, v in out.items()}
 
@@ -422,6 +449,7 @@ class Posterior:
         num_samples: int | None = 100,
         seed: int = 0,
         batch_size: int = DEFAULT_BATCH_SIZE,
+        memory_budget: int | None = DEFAULT_MEMORY_BUDGET,
     ) -> Prediction:
         """Posterior predictive for new inputs, from ``num_samples`` draws in one batched pass.
 
@@ -431,7 +459,9 @@ class Posterior:
             num_samples: posterior draws ``S`` (1 for point estimates; None: every draw of a
                 sampled posterior).
             seed: seeds the draws; same seed, same numbers.
-            batch_size: rows per forward pass (bounds memory).
+            batch_size: at most this many rows per forward pass.
+            memory_budget: bytes the intermediates of one forward pass may take (default 1 GiB;
+                None: no limit); rows and, if need be, draws are split into passes to fit.
 
         Returns:
             Classification (categorical likelihood): ``Prediction`` with ``probs (S, N, C)``.
@@ -451,7 +481,14 @@ class Posterior:
             return {"samples": fn.sample(), "loc": fn.mean, "variance": fn.variance}
 
         out = self._evaluate(
-            x, None, mask, read, num_samples=num_samples, seed=seed, batch_size=batch_size
+            x,
+            None,
+            mask,
+            read,
+            num_samples=num_samples,
+            seed=seed,
+            batch_size=batch_size,
+            memory_budget=memory_budget,
         )
         out = {k: v.flatten(0, 1) for k, v in out.items()}
         return Prediction(**out) if "probs" in out else RegressionPrediction(**out)
@@ -465,13 +502,14 @@ class Posterior:
         num_samples: int | None = 100,
         seed: int = 0,
         batch_size: int = DEFAULT_BATCH_SIZE,
+        memory_budget: int | None = DEFAULT_MEMORY_BUDGET,
     ) -> PosteriorAttention:
         """Posterior distribution of the attention weights of ``module`` for inputs ``x``.
 
         Args:
             x, mask: as for ``predict`` (``n`` sequences).
             module: kind of attention (default: the model's first, ``"encoder.self"``).
-            num_samples, seed, batch_size: as for ``predict``.
+            num_samples, seed, batch_size, memory_budget: as for ``predict``.
 
         Returns:
             ``PosteriorAttention`` with samples ``(chain, draw, n, layer, head, query, key)``.
@@ -493,7 +531,14 @@ class Posterior:
             return {"attention": torch.stack([w.expand(size, *w.shape[1:]) for w in weights], 2)}
 
         out = self._evaluate(
-            x, None, mask, read, num_samples=num_samples, seed=seed, batch_size=batch_size
+            x,
+            None,
+            mask,
+            read,
+            num_samples=num_samples,
+            seed=seed,
+            batch_size=batch_size,
+            memory_budget=memory_budget,
         )
         return PosteriorAttention(samples=out["attention"], module=module)
 
@@ -607,6 +652,22 @@ class Posterior:
             f"Posterior(model={type(self.model).__name__}, method={self.record.get('method')!r}, "
             f"{kind}, latent_sites={len(self.latent_shapes)})"
         )
+
+
+def activation_bytes(model: nn.Module, x: torch.Tensor) -> int:
+    """Estimated bytes of the intermediate tensors of one forward pass, per draw and input row.
+
+    Attention dominates: each module keeps about 4 float32 ``(H, T, T)`` tensors (logits,
+    masked logits, weights, recorded weights) and about 12 ``(T, d)`` activations, with ``T``
+    the input length plus one (a CLS token). Models without ``attention_modules`` count 16
+    copies of an input row.
+    """
+    steps = (x.shape[1] if x.dim() > 1 else 1) + 1
+    elements = 0
+    for modules in getattr(model, "attention_modules", {}).values():
+        for m in modules:
+            elements += 4 * m.num_heads * steps * steps + 12 * steps * m.d_model
+    return 4 * max(elements, 16 * x[0].numel(), 1)
 
 
 def check_data(data: object, name: str = "data") -> None:

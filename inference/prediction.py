@@ -49,13 +49,13 @@ def _kept(
         return uncertainty <= threshold
     if not 0 < coverage <= 1:  # False for NaN as well
         raise ValueError(f"coverage must be in (0, 1], got {coverage!r}")
-    n = uncertainty.shape[0]
+    n = uncertainty.numel()  # token-level scores (N, T) are ranked over all steps
     # at least the requested fraction; rounded first so that 0.3 * 10 keeps 3, not 4
     count = max(1, math.ceil(round(coverage * n, 9)))
-    order = torch.argsort(uncertainty, stable=True)  # ties: input order
+    order = torch.argsort(uncertainty.flatten(), stable=True)  # ties: input order
     keep = torch.zeros(n, dtype=torch.bool)
     keep[order[:count]] = True
-    return keep
+    return keep.reshape(uncertainty.shape)
 
 
 @dataclass(frozen=True)
@@ -140,7 +140,8 @@ class Prediction:
             score: one of the names above.
 
         Returns:
-            ``(N,)`` bool tensor, True = keep (predict), False = reject.
+            ``(N,)`` bool tensor (``(N, T)`` for token-level predictions, ranked over all
+            steps), True = keep (predict), False = reject.
 
         Raises:
             ValueError: both or neither of ``threshold`` and ``coverage`` given, ``coverage``

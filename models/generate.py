@@ -102,9 +102,11 @@ def _check_options(max_new_tokens, strategy, temperature, top_k, top_p, seed) ->
 
 
 def _prompt_ids(model: CausalLM, prompt) -> tuple[torch.Tensor, int]:
-    """Token ids ``(T,)`` of the prompt and the number of characters outside the vocabulary."""
-    from probtransformer.datasets import encode_text
+    """Token ids ``(T,)`` of the prompt and the number of characters outside the vocabulary.
 
+    Text is read character by character (the vocabularies of ``datasets.load`` are characters);
+    for other vocabularies give token ids.
+    """
     if isinstance(prompt, str):
         if model.vocab is None:
             raise TypeError(
@@ -113,14 +115,15 @@ def _prompt_ids(model: CausalLM, prompt) -> tuple[torch.Tensor, int]:
             )
         if not prompt:
             raise ValueError("prompt must hold at least one character, got ''")
-        if "<unk>" not in model.vocab:
-            unknown = sorted(set(prompt) - set(model.vocab))
-            if unknown:
-                raise ValueError(
-                    f"prompt characters {unknown[:10]} are outside the vocabulary, which has no "
-                    "'<unk>' token"
-                )
-        return encode_text(prompt, model.vocab)
+        index = {token: i for i, token in enumerate(model.vocab)}
+        unknown = [ch for ch in prompt if ch not in index]
+        if unknown and "<unk>" not in index:
+            raise ValueError(
+                f"prompt characters {sorted(set(unknown))[:10]} are outside the vocabulary, "
+                "which has no '<unk>' token"
+            )
+        ids = [index.get(ch, index.get("<unk>")) for ch in prompt]
+        return torch.tensor(ids, dtype=torch.long), len(unknown)
     ids = torch.as_tensor(prompt)
     if ids.dim() != 1 or ids.numel() == 0 or ids.is_floating_point() or ids.dtype == torch.bool:
         raise ValueError(
@@ -167,8 +170,8 @@ def generate(
 
     Args:
         posterior: ``Posterior`` of a ``CausalLM`` (any fit method).
-        prompt: text (characters outside the vocabulary map to ``"<unk>"`` with a warning) or
-            token ids.
+        prompt: text, read character by character (characters outside the vocabulary map to
+            ``"<unk>"`` with a warning; without ``"<unk>"`` they raise), or token ids.
         max_new_tokens: tokens to generate ``K``.
         strategy: ``"greedy"`` or ``"sample"``.
         temperature: ``> 0``; 1 leaves the distribution as it is.

@@ -56,8 +56,6 @@ class _RegressionModel(TransformerModel):
     HalfNormal(1)`` per output in standardised units, so ``scale = y_scale * noise_scale``.
     """
 
-    site_dims = {"noise_scale": ("horizon",)}
-
     def _build_likelihood(self, *, horizon, likelihood, df, x_loc, x_scale, y_loc, y_scale):
         if likelihood not in LIKELIHOODS:
             raise ValueError(f"likelihood must be one of {LIKELIHOODS}, got {likelihood!r}")
@@ -69,6 +67,7 @@ class _RegressionModel(TransformerModel):
             check_sizes(horizon=horizon)
         self.horizon = horizon
         self.output_shape = () if horizon is None else (horizon,)
+        self.site_dims = {"noise_scale": ("horizon",)[: len(self.output_shape)]}
         self.likelihood = likelihood
         self.df = float(df)
         outputs = horizon or 1

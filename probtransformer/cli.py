@@ -1,42 +1,79 @@
-"""Command-line interface: ``probtransformer fit | diagnose | predict | report``.
+"""Command-line interface: ``probtransformer fit | diagnose | predict | report | generate``.
 
 Commands:
-    fit       Fit a ``SequenceClassifier`` to a dataset by SVI, MAP, MCMC (NUTS/HMC), MC dropout
-              or a deep ensemble and write a run directory (default
-              ``runs/<dataset>-<inference>``)::
+    fit       Fit the model of the dataset's task (``datasets.load(name).meta["task"]``) by SVI,
+              MAP, MCMC (NUTS/HMC), MC dropout or a deep ensemble and write a run directory
+              (default ``runs/<dataset>-<inference>``):
 
-                  metrics.json        test-split accuracy, nll, ece (15 equal-width bins),
-                                      brier, mean_epistemic, sizes, fit seconds, settings
-                                      (mcmc: sampler settings, ``num_draws`` requested and
-                                      ``chains_kept`` x ``draws_per_chain`` kept per chain,
-                                      divergences, ``partial``)
+              - classification (digits, digits-patches, the UCR/UEA sets): ``SequenceClassifier``
+                (2-D patch positions for digits-patches; the mask of ragged sets);
+              - tagging (pydoc-wordseg): ``TokenTagger`` over character ids;
+              - language-modeling (pydoc-text): ``CausalLM`` over characters;
+              - forecasting (sunspots, co2, macrodata): ``SequenceRegressor`` (last-step
+                pooling, the dataset's standardisation), or ``Seq2Seq`` with ``--model seq2seq``.
+
+              Every run directory holds::
+
+                  metrics.json        test-split metrics of the task (below), sizes, fit seconds,
+                                      settings (mcmc: sampler settings, ``num_draws`` requested
+                                      and ``chains_kept`` x ``draws_per_chain`` kept per chain,
+                                      divergences, ``partial``), ``task`` and ``model``
                   inference_data.nc   ArviZ InferenceData (posterior, log_likelihood of the
                                       training data, predictions for the test split; mcmc:
-                                      sample_stats per draw)
+                                      sample_stats per draw; tagging and language models: the
+                                      first 500 training and test sequences,
+                                      ``inference_data_rows``)
                   posterior/          the fitted posterior (``load_posterior``)
                   attention.png       posterior mean and std of the attention of test example 0
-                  reliability.png     reliability diagram of the test predictive mean
 
+              and by task:
+
+              - classification: accuracy, nll, ece (15 equal-width bins), brier,
+                mean_epistemic; ``reliability.png``;
+              - tagging, over the real (unpadded) test characters: token accuracy, nll
+                (nats/token), ece, boundary_f1 (scikit-learn ``f1_score``, positive class 1 =
+                word boundary), mean_epistemic; ``reliability.png`` over those characters;
+              - language-modeling, over every test token: perplexity, nll (nats/token),
+                next-token accuracy, mean_epistemic; ``samples.json``: greedy continuations of
+                3 test prompts with their mean per-token entropy (``generate``);
+              - forecasting, in the data's units over every (origin, step) of the test split:
+                rmse and mae of the predictive mean, interval_coverage and interval_width of
+                the 90% predictive interval, crps (from the predictive samples);
+                ``predictions.csv`` (origin, step, period, mean, lower, upper, y) and
+                ``forecast.png`` (fan chart of a few test forecasts).
+
+              Token-level predictions are made 32 sequences at a time (``TOKEN_BATCH``): their
+              probabilities are (draws, sequences, steps, vocabulary).
               The run is written to a temporary directory next to the target and renamed at the
               end, so an interrupted or failed run never leaves a half-written directory; an
               existing run directory is replaced only after success. Ctrl-C during MCMC sampling
               keeps the draws so far: the run is written and marked partial.
     diagnose  Reload a run's posterior and training data and print the aggregated diagnostics
               table, the verdict and a PSIS-LOO line.
-    predict   Posterior predictive of a run for new sequences (``.npy`` of shape (N, T, F), or
-              ``.csv`` with one flattened sequence of T*F values per row) as CSV with columns
-              ``prob_<class>``, ``predicted``, ``entropy``, ``aleatoric``, ``epistemic`` (nats).
+    predict   Posterior predictive of a run for new inputs, as CSV. Classification and
+              forecasting runs read ``.npy`` of shape (N, T, F), or ``.csv`` with one flattened
+              sequence of T*F values per row; classification writes ``prob_<class>``,
+              ``predicted``, ``entropy``, ``aleatoric``, ``epistemic`` (nats), forecasting
+              ``mean``, ``std``, ``aleatoric``, ``epistemic`` (variances), ``lower``, ``upper``
+              (90% predictive interval) per horizon step. Tagging and language-model runs read
+              a ``.npy`` of int token ids (N, T) or a ``.txt`` file with one sequence per line
+              (tagging: whitespace removed, as in training) and write one row per (sequence,
+              step).
     report    Write ``report.html`` into a run directory: one self-contained page (inline CSS,
-              figures as base64 PNGs) with the metrics, reliability diagram, risk-coverage
-              curves, posterior attention, head importance and diagnostics
+              figures as base64 PNGs) with the metrics, the figures that apply to the task
+              (reliability, risk-coverage, forecast fan chart, generated samples), posterior
+              attention, head importance and diagnostics
               (``probtransformer.report.write_report``). A later ``fit --out`` over the same
               directory replaces the whole run, report included.
+    generate  Text from a language-model run (``models.generate``): the prompt and its
+              continuation, then each generated token's entropy split into aleatoric and
+              epistemic parts (nats), as a table or a CSV file.
 
-Model and fit options left unset take the library defaults (``SequenceClassifier``,
-``fit_svi``, ``fit_mcmc``), so tuning the library tunes the CLI; ``probtransformer fit --help``
-shows them. ``--inference mcmc`` is the exception where those defaults would run for hours: it
-fits a small fully Bayesian model on the first 200 training rows with short chains unless told
-otherwise (``mcmc_preset``). Options of the other inference method are refused.
+Model and fit options left unset take the library defaults (the task's model, ``fit_svi``,
+``fit_mcmc``), so tuning the library tunes the CLI; ``probtransformer fit --help`` shows them.
+``--inference mcmc`` is the exception where those defaults would run for hours: it fits a small
+fully Bayesian model on the first 200 training rows with short chains unless told otherwise
+(``mcmc_preset``). Options of the other inference method, and of another task, are refused.
 
 Exit status: 0 on success; 2 on bad arguments or input files, with one line on stderr starting
 ``probtransformer: error:``; 1 when the fit diverges (``NonFiniteELBOError``); 130 on Ctrl-C
@@ -58,6 +95,7 @@ import shutil
 import sys
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -65,13 +103,32 @@ from typing import Any, NoReturn
 import numpy as np
 
 from probtransformer._io import replace_directory
-from probtransformer._rundir import METRICS_FILE, POSTERIOR_DIR, is_run_dir, read_run, run_splits
+from probtransformer._rundir import (
+    METRICS_FILE,
+    POSTERIOR_DIR,
+    TASKS,
+    diagnostic_rows,
+    is_run_dir,
+    model_task,
+    read_run,
+    real_steps,
+    run_data,
+    run_splits,
+    token_predictions,
+)
 
 PROG = "probtransformer"
 INFERENCE_DATA_FILE = "inference_data.nc"
+#: Token-level tasks export the log-likelihood (for LOO) and predictive draws of the first
+#: this-many training and test sequences only (recorded as ``inference_data_rows``).
+TOKEN_INFERENCE_DATA_ROWS = 500
+TOKEN_TASKS = ("tagging", "language-modeling")
 ATTENTION_FILE = "attention.png"
 RELIABILITY_FILE = "reliability.png"
 REPORT_FILE = "report.html"  # written by ``probtransformer report``, not by fit
+SAMPLES_FILE = "samples.json"  # language-modeling runs: generated test continuations
+PREDICTIONS_FILE = "predictions.csv"  # forecasting runs: every test forecast
+FORECAST_FILE = "forecast.png"  # forecasting runs: fan chart of a few test forecasts
 #: Everything a run directory may hold (``fit --out`` replaces such a directory, nothing else).
 RUN_FILES = (
     METRICS_FILE,
@@ -80,8 +137,18 @@ RUN_FILES = (
     ATTENTION_FILE,
     RELIABILITY_FILE,
     REPORT_FILE,
+    SAMPLES_FILE,
+    PREDICTIONS_FILE,
+    FORECAST_FILE,
 )
 ECE_BINS = 15  # equal-width bins of the reported ECE and the reliability diagram
+INTERVAL_PROB = 0.9  # forecasting: the predictive interval of coverage, width and the CSV
+#: language-modeling runs: greedy continuations of SAMPLE_TOKENS tokens after the first
+#: SAMPLE_PROMPT_LEN characters of SAMPLE_PROMPTS evenly spaced test windows
+SAMPLE_PROMPTS, SAMPLE_PROMPT_LEN, SAMPLE_TOKENS = 3, 32, 80
+MODELS = ("auto", "seq2seq")  # --model; auto: the task's model
+#: Options that apply to some tasks only: dest -> (tasks, the value that means "not given").
+TASK_OPTIONS = {"model": (("forecasting",), "auto")}
 INFERENCES = ("svi", "map", "mcmc", "mc-dropout", "ensemble")
 #: None: the guide is --guide's (or fit_svi's); the baselines are MAP fits (AutoDelta)
 INFERENCE_GUIDES = {"svi": None, "map": "delta", "mc-dropout": "delta", "ensemble": "delta"}
@@ -175,15 +242,16 @@ class _DatasetNames:
 def _library_functions() -> dict[str, Callable[..., Any]]:
     """The library callables whose defaults unset options take (imported on demand)."""
     from probtransformer.inference import Posterior, fit_ensemble, fit_mcmc, fit_svi
-    from probtransformer.models import SequenceClassifier
+    from probtransformer.models import SequenceClassifier, generate
 
     return {
-        "model": SequenceClassifier.__init__,
+        "model": SequenceClassifier.__init__,  # every task's model has the same defaults
         "fit": fit_svi,
         "mcmc": fit_mcmc,
         "ensemble": fit_ensemble,
         "predict": Posterior.predict,
         "diagnose": Posterior.diagnose,
+        "generate": generate,
     }
 
 
@@ -274,11 +342,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     fit = commands.add_parser(
         "fit",
-        help="fit a Bayesian Transformer classifier and write a run directory",
-        description="Fit a SequenceClassifier built from the dataset's meta (in_features, "
-        f"num_classes, max_len) and write {METRICS_FILE}, {INFERENCE_DATA_FILE}, "
-        f"{POSTERIOR_DIR}/, {ATTENTION_FILE} and {RELIABILITY_FILE} to --out. "
-        "Metrics are computed on the test split. Options left unset take the library defaults; "
+        help="fit a Bayesian Transformer to a dataset and write a run directory",
+        description="Fit the model of the dataset's task, built from its meta: classification "
+        "SequenceClassifier, tagging TokenTagger, language-modeling CausalLM, forecasting "
+        "SequenceRegressor (or Seq2Seq with --model seq2seq). Writes "
+        f"{METRICS_FILE}, {INFERENCE_DATA_FILE}, {POSTERIOR_DIR}/ and {ATTENTION_FILE} to "
+        f"--out, plus {RELIABILITY_FILE} (classification, tagging), {SAMPLES_FILE} (generated "
+        f"text, language-modeling) or {PREDICTIONS_FILE} and {FORECAST_FILE} (forecasting). "
+        "Metrics are computed on the test split: classification accuracy, NLL, ECE, Brier; "
+        "tagging token accuracy, NLL per token, ECE, boundary F1; language-modeling "
+        "perplexity, NLL per token, next-token accuracy; forecasting RMSE, MAE, 90% interval "
+        "coverage and width, CRPS. Options left unset take the library defaults; "
         "'mcmc: ...' shows what --inference mcmc uses instead (a small model and short chains, "
         "a few minutes on 2 CPU cores).",
         formatter_class=functools.partial(
@@ -305,10 +379,19 @@ def build_parser() -> argparse.ArgumentParser:
         "0); ensemble: a deep ensemble of MAP fits (fit_ensemble) (default: %(default)s)",
     )
     fit.add_argument(
+        "--model",
+        default="auto",
+        choices=MODELS,
+        help="auto: the task's model; seq2seq: the encoder-decoder Seq2Seq (forecasting only) "
+        "(default: %(default)s)",
+    )
+    fit.add_argument(
         "--num-train",
         type=_positive_int,
         metavar="N",
-        help="fit on the first N rows of the shuffled, stratified training split",
+        help="fit on the first N rows of the training split: shuffled and stratified for "
+        "classification, the first N 64-character windows for text, the N earliest origins for "
+        f"forecasting; bounds the fit and the training log-likelihood of {INFERENCE_DATA_FILE}",
     )
     fit.add_argument(
         "--num-samples", type=_positive_int, metavar="S", help="posterior draws for predictions"
@@ -426,14 +509,26 @@ def build_parser() -> argparse.ArgumentParser:
     predict = commands.add_parser(
         "predict",
         help="posterior predictive of a run for new sequences, as CSV",
-        description="Predict with a run's posterior. --input is a .npy array of shape "
-        "(N, T, F) or a .csv file with one flattened sequence (T*F values, step by step) per "
-        "row, optionally under a header row (non-numeric, or pandas' 0,1,...,T*F-1).",
+        description="Predict with a run's posterior. Classification and forecasting runs: "
+        "--input is a .npy array of shape (N, T, F) or a .csv file with one flattened sequence "
+        "(T*F values, step by step) per row, optionally under a header row (non-numeric, or "
+        "pandas' 0,1,...,T*F-1); one CSV row per sequence. Tagging and language-model runs: "
+        "--input is a .npy array of int token ids of shape (N, T) or a .txt file with one "
+        "sequence of characters per line (tagging: whitespace removed, as in training; "
+        "characters outside the vocabulary map to <unk> with a warning); one CSV row per "
+        "(sequence, step) with the token, the predicted tag (tagging, with its probabilities) "
+        "or next token (language model, with its probability), and the entropy split into "
+        "aleatoric and epistemic parts (nats).",
         formatter_class=functools.partial(_LibraryDefaultsFormatter, sources=("predict",)),
     )
     predict.set_defaults(handler=_predict)
     predict.add_argument("run_dir", metavar="DIR", help="run directory written by fit")
-    predict.add_argument("--input", required=True, metavar="FILE", help=".npy or .csv inputs")
+    predict.add_argument(
+        "--input",
+        required=True,
+        metavar="FILE",
+        help=".npy or .csv inputs (tagging and language-model runs: .npy or .txt)",
+    )
     predict.add_argument("--output", metavar="FILE", help="CSV to write (default: stdout)")
     predict.add_argument("--num-samples", type=_positive_int, metavar="S", help="posterior draws")
     predict.add_argument("--seed", type=int, help="seeds the draws")
@@ -456,6 +551,44 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"posterior draws (default: the run's, from {METRICS_FILE})",
     )
     report.add_argument("--seed", type=int, help="seeds the draws (default: the run's seed)")
+
+    generate = commands.add_parser(
+        "generate",
+        help="generate text from a language-model run, with per-token uncertainty",
+        description="Continue --prompt with a language-model run's posterior "
+        "(probtransformer.models.generate) and print the prompt and its continuation, then "
+        "each generated token's total entropy, aleatoric and epistemic parts in nats (a table, "
+        "or a CSV file with --output). Prompt characters outside the vocabulary map to <unk> "
+        "with a warning.",
+        formatter_class=functools.partial(_LibraryDefaultsFormatter, sources=("generate",)),
+    )
+    generate.set_defaults(handler=_generate)
+    generate.add_argument("run_dir", metavar="DIR", help="run directory of a language model")
+    generate.add_argument("--prompt", required=True, metavar="TEXT", help="text to continue")
+    generate.add_argument("--max-new-tokens", type=int, metavar="N", help="tokens to generate")
+    generate.add_argument(
+        "--strategy", choices=("greedy", "sample"), help="most probable token, or sample one"
+    )
+    generate.add_argument(
+        "--temperature", type=float, metavar="T", help="> 0; below 1 sharpens, above 1 flattens"
+    )
+    generate.add_argument(
+        "--top-k", type=int, metavar="K", help="keep the K most probable tokens (>= 1)"
+    )
+    generate.add_argument(
+        "--top-p", type=float, metavar="P", help="keep the nucleus of probability mass P, in (0, 1]"
+    )
+    generate.add_argument(
+        "--thompson",
+        action="store_true",
+        help="decode with one posterior draw chosen at the start (bayes_average=False) instead "
+        "of the posterior predictive average",
+    )
+    generate.add_argument("--num-samples", type=int, metavar="S", help="posterior draws")
+    generate.add_argument("--seed", type=int, metavar="N", help="seeds the draws and sampling")
+    generate.add_argument(
+        "--output", metavar="CSV", help="write the per-token table to this CSV file instead"
+    )
     return parser
 
 
@@ -500,45 +633,34 @@ def _given(**kwargs: Any) -> dict[str, Any]:
 
 def _fit(args: argparse.Namespace) -> None:
     """``probtransformer fit``: fit, evaluate on the test split, write the run directory."""
-    _check_applicable(args)
+    task = _dataset_task(args.dataset)
+    _check_applicable(args, task)
     guide = INFERENCE_GUIDES.get(args.inference)
     if guide is not None and args.guide not in (None, guide):
         raise CLIError(
             f"--inference {args.inference} fits guide {guide!r}; got --guide {args.guide}"
         )
-    target = Path(args.out or Path("runs") / f"{args.dataset}-{args.inference}")
+    name = args.dataset + ("-seq2seq" if args.model == "seq2seq" else "")
+    target = Path(args.out or Path("runs") / f"{name}-{args.inference}")
     _check_out(target)
+    num_train = args.num_train  # the user's; the mcmc preset's is capped at the split's size
     if args.inference == "mcmc":
         args = _with_mcmc_preset(args)
 
     import torch
 
-    from probtransformer import datasets, metrics
-    from probtransformer.models import SequenceClassifier
+    from probtransformer import datasets
 
     splits = datasets.load(args.dataset, seed=args.seed)
     meta = splits.meta
     if args.num_train is not None:
-        if args.num_train > len(splits.train):
+        if num_train is not None and num_train > len(splits.train):
             raise CLIError(
                 f"--num-train {args.num_train} exceeds the {len(splits.train)} rows of the "
                 f"{args.dataset} training split"
             )
         splits = dataclasses.replace(splits, train=splits.train[: args.num_train])
-    model = SequenceClassifier(
-        meta["in_features"],
-        meta["num_classes"],
-        meta["max_len"],
-        **_given(
-            d_model=args.d_model,
-            num_heads=args.num_heads,
-            num_layers=args.num_layers,
-            d_ff=args.d_ff,
-            dropout=args.dropout,
-            bayesian=args.bayesian,
-            **_attention_priors(args),
-        ),
-    )
+    model = _build_model(task, meta, args)
     with _intra_op_threads(args.threads):
         start = time.perf_counter()
         if args.inference == "mcmc":
@@ -548,31 +670,276 @@ def _fit(args: argparse.Namespace) -> None:
         seconds = time.perf_counter() - start
 
         draws = _given(num_samples=_prediction_draws(post, args.num_samples), seed=args.seed)
-        test = splits.test
-        pred = post.predict(test.x, test.mask, **draws)
-        probs = pred.mean  # (N, C)
+        evaluation = EVALUATIONS[task](post, splits, draws, args)
         record = dict(
-            accuracy=metrics.accuracy(probs, test.y),
-            nll=metrics.nll(probs, test.y),
-            ece=metrics.ece(probs, test.y, n_bins=ECE_BINS, strategy="uniform"),
-            ece_bins=ECE_BINS,
-            brier=metrics.brier(probs, test.y),
-            mean_epistemic=float(pred.epistemic.mean()),
+            **evaluation.metrics,
             num_train=len(splits.train),
-            num_test=len(test),
+            num_test=len(splits.test),
+            **evaluation.sizes,
             seconds=seconds,
             dataset=args.dataset,
+            task=task,
+            model=type(model).__name__,
             val_fraction=meta["val_fraction"],
             inference=args.inference,
             **_fit_settings(post),
-            num_samples=pred.probs.shape[0],
+            num_samples=evaluation.num_samples,
             seed=args.seed,
             device=str(post.device),
             threads=torch.get_num_threads(),
-            class_names=meta.get("class_names"),
         )
-        _write_run(target, post, splits, probs, record, draws)
-    _print_metrics(target, record)
+        if "class_names" in meta:
+            record["class_names"] = meta["class_names"]
+        _write_run(target, post, splits, record, draws, evaluation)
+    _print_metrics(target, record, evaluation)
+
+
+def _dataset_task(name: str) -> str:
+    """The task of dataset ``name`` (``datasets.available()``), without loading it."""
+    from probtransformer import datasets
+
+    table = datasets.available()
+    task = dict(zip(table["name"], table["task"], strict=True))[name]
+    if task not in TASKS:
+        raise CLIError(f"dataset {name} has task {task!r}, which {PROG} fit does not handle")
+    return task
+
+
+def _build_model(task: str, meta: dict, args: argparse.Namespace):
+    """The model of ``task`` from the dataset's ``meta`` and the model options that were set."""
+    from probtransformer.models import (
+        CausalLM,
+        Seq2Seq,
+        SequenceClassifier,
+        SequenceRegressor,
+        TokenTagger,
+    )
+
+    options = _given(
+        d_model=args.d_model,
+        num_heads=args.num_heads,
+        num_layers=args.num_layers,
+        d_ff=args.d_ff,
+        dropout=args.dropout,
+        bayesian=args.bayesian,
+        **_attention_priors(args),
+    )
+    if task == "classification":
+        if meta.get("grid") is not None:  # image patches: 2-D positions
+            options["grid"] = tuple(meta["grid"])
+        return SequenceClassifier(
+            meta["in_features"], meta["num_classes"], meta["max_len"], **options
+        )
+    if task == "tagging":
+        vocab_size = len(meta["vocab"])
+        return TokenTagger(
+            None, meta["num_classes"], meta["max_len"], vocab_size=vocab_size, **options
+        )
+    if task == "language-modeling":
+        return CausalLM(meta["vocab"], meta["max_len"], **options)
+    scales = {key: meta[key] for key in ("x_loc", "x_scale", "y_loc", "y_scale")}
+    if args.model == "seq2seq":
+        return Seq2Seq(meta["in_features"], meta["max_len"], meta["horizon"], **scales, **options)
+    return SequenceRegressor(
+        meta["in_features"],
+        meta["max_len"],
+        horizon=meta["horizon"],
+        pooling="last",
+        **scales,
+        **options,
+    )
+
+
+@dataclasses.dataclass
+class _Evaluation:
+    """What ``fit`` measured on the test split, and how it writes its task's files.
+
+    Attributes:
+        metrics: the metrics, first in metrics.json.
+        sizes: counts recorded after ``num_test`` (tokens, forecasts).
+        num_samples: posterior draws the predictions used.
+        write: ``write(staging, record)`` writes the task's files into the run directory.
+        label: appended to the title of the attention figure of test example 0.
+        lines: printed after the metrics.
+    """
+
+    metrics: dict[str, Any]
+    sizes: dict[str, Any]
+    num_samples: int
+    write: Callable[[Path, dict], None]
+    label: str = ""
+    lines: list[str] = dataclasses.field(default_factory=list)
+
+
+def _evaluate_classification(post, splits, draws: dict, args) -> _Evaluation:
+    from probtransformer import metrics
+
+    test = splits.test
+    pred = post.predict(test.x, test.mask, **draws)
+    probs = pred.mean  # (N, C)
+    values = dict(
+        accuracy=metrics.accuracy(probs, test.y),
+        nll=metrics.nll(probs, test.y),
+        ece=metrics.ece(probs, test.y, n_bins=ECE_BINS, strategy="uniform"),
+        ece_bins=ECE_BINS,
+        brier=metrics.brier(probs, test.y),
+        mean_epistemic=float(pred.epistemic.mean()),
+    )
+
+    def write(staging: Path, record: dict) -> None:
+        _write_reliability(staging, probs, test.y, f"{record['dataset']} test, {args.inference}")
+
+    label = f" (label {int(test.y[0])})"
+    return _Evaluation(values, {}, pred.probs.shape[0], write, label)
+
+
+def _evaluate_tagging(post, splits, draws: dict, args) -> _Evaluation:
+    """Token accuracy, NLL, ECE, F1 and epistemic uncertainty over the real test steps."""
+    import torch
+    from sklearn.metrics import f1_score
+
+    from probtransformer import metrics
+
+    probs, labels, epistemic, num_samples = [], [], [], 0
+    for rows, pred in token_predictions(post, splits.test, draws):
+        probs.append(real_steps(rows, pred.mean))  # (M, C)
+        labels.append(real_steps(rows, rows.y))
+        epistemic.append(real_steps(rows, pred.epistemic))
+        num_samples = pred.probs.shape[0]
+    probs, labels = torch.cat(probs), torch.cat(labels)
+    predicted = probs.argmax(-1)
+    if probs.shape[-1] == 2:  # positive class 1: a word boundary follows
+        f1 = {"boundary_f1": float(f1_score(labels, predicted, pos_label=1, zero_division=0.0))}
+    else:
+        f1 = {"macro_f1": float(f1_score(labels, predicted, average="macro", zero_division=0.0))}
+    values = dict(
+        accuracy=metrics.accuracy(probs, labels),
+        nll=metrics.nll(probs, labels),
+        ece=metrics.ece(probs, labels, n_bins=ECE_BINS, strategy="uniform"),
+        ece_bins=ECE_BINS,
+        **f1,
+        mean_epistemic=float(torch.cat(epistemic).mean()),
+    )
+
+    def write(staging: Path, record: dict) -> None:
+        title = f"{record['dataset']} test characters, {args.inference}"
+        _write_reliability(staging, probs, labels, title)
+
+    return _Evaluation(values, {"num_test_tokens": len(labels)}, num_samples, write)
+
+
+def _evaluate_language_model(post, splits, draws: dict, args) -> _Evaluation:
+    """Perplexity, NLL per token and next-token accuracy, accumulated batch by batch (never
+    every token's probabilities at once), and greedy samples from a few test prompts."""
+    from probtransformer import metrics
+
+    total_nll, correct, epistemic, count, num_samples = 0.0, 0, 0.0, 0, 0
+    for rows, pred in token_predictions(post, splits.test, draws):
+        probs, labels = metrics.token_level(pred.mean, rows.y, rows.mask)  # (M, V), (M,)
+        total_nll += metrics.nll(probs, labels) * len(labels)
+        correct += int((probs.argmax(-1) == labels).sum())
+        epistemic += float(real_steps(rows, pred.epistemic).double().sum())
+        count += len(labels)
+        num_samples = pred.probs.shape[0]
+    nll = total_nll / count
+    values = dict(
+        perplexity=math.exp(nll),
+        nll=nll,
+        accuracy=correct / count,
+        mean_epistemic=epistemic / count,
+    )
+    samples = _language_model_samples(post, splits.test, draws)
+
+    def write(staging: Path, record: dict) -> None:
+        (staging / SAMPLES_FILE).write_text(json.dumps(samples, indent=1) + "\n")
+
+    lines = []
+    for i, sample in enumerate(samples["samples"], start=1):
+        lines.append(
+            f"  sample {i}: {_clip(sample['prompt'])} -> {_clip(sample['continuation'])} "
+            f"(entropy {sample['mean_entropy']:.2f}, epistemic {sample['mean_epistemic']:.3f} "
+            "nats/token)"
+        )
+    return _Evaluation(values, {"num_test_tokens": count}, num_samples, write, lines=lines)
+
+
+def _language_model_samples(post, test, draws: dict) -> dict[str, Any]:
+    """Greedy continuations of the first characters of a few evenly spaced test windows."""
+    from probtransformer.datasets import decode_text
+    from probtransformer.models import generate
+
+    rows = sorted(set(np.linspace(0, len(test) - 1, SAMPLE_PROMPTS).round().astype(int).tolist()))
+    options = dict(max_new_tokens=SAMPLE_TOKENS, strategy="greedy", seed=draws.get("seed", 0))
+    if "num_samples" in draws:
+        options["num_samples"] = draws["num_samples"]
+    samples = []
+    for row in rows:
+        ids = test.x[row, :SAMPLE_PROMPT_LEN]
+        if test.mask is not None:
+            ids = ids[test.mask[row, :SAMPLE_PROMPT_LEN]]
+        generation = generate(post, ids, **options)
+        samples.append(
+            dict(
+                test_row=row,
+                prompt=decode_text(ids, post.model.vocab),
+                continuation=generation.text,
+                mean_entropy=float(generation.entropy.mean()),
+                mean_aleatoric=float(generation.aleatoric.mean()),
+                mean_epistemic=float(generation.epistemic.mean()),
+            )
+        )
+    return dict(options, samples=samples)
+
+
+def _clip(text: str, width: int = 40) -> str:
+    return repr(text if len(text) <= width else text[: width - 1] + "…")
+
+
+def _evaluate_forecasting(post, splits, draws: dict, args) -> _Evaluation:
+    """RMSE, MAE, interval coverage and width, CRPS in the data's units, over every (origin,
+    step) of the test split; the predictions CSV and the fan chart."""
+    from probtransformer import metrics
+    from probtransformer.report import forecast_figure, forecast_frame
+
+    test = splits.test
+    pred = post.predict(test.x, test.mask, **draws)
+    lower, upper = pred.predictive_interval(INTERVAL_PROB)
+    error = (pred.mean - test.y).double()
+    values = dict(
+        rmse=float(error.pow(2).mean().sqrt()),
+        mae=float(error.abs().mean()),
+        interval_coverage=metrics.interval_coverage(lower, upper, test.y),
+        interval_prob=INTERVAL_PROB,
+        interval_width=float((upper - lower).double().mean()),
+        crps=metrics.crps_samples(pred.samples, test.y),
+    )
+    frame = forecast_frame(pred, test, splits.meta, prob=INTERVAL_PROB)
+
+    def write(staging: Path, record: dict) -> None:
+        from probtransformer import plots
+
+        frame.to_csv(staging / PREDICTIONS_FILE, index=False)
+        title = f"{record['dataset']} test forecasts, {record['model']}, {args.inference}"
+        figure = forecast_figure(frame, splits.meta, prob=INTERVAL_PROB, title=title)
+        plots.save_figure(figure, staging / FORECAST_FILE)
+
+    sizes = dict(horizon=splits.meta.get("horizon"), num_test_forecasts=int(test.y.numel()))
+    return _Evaluation(values, sizes, pred.samples.shape[0], write)
+
+
+EVALUATIONS = {
+    "classification": _evaluate_classification,
+    "tagging": _evaluate_tagging,
+    "language-modeling": _evaluate_language_model,
+    "forecasting": _evaluate_forecasting,
+}
+
+
+def _write_reliability(staging: Path, probs, labels, title: str) -> None:
+    from probtransformer import plots
+
+    figure = plots.reliability_figure(probs, labels, n_bins=ECE_BINS, title=title)
+    plots.save_figure(figure, staging / RELIABILITY_FILE)
 
 
 def _attention_priors(args: argparse.Namespace) -> dict[str, Any]:
@@ -607,12 +974,20 @@ def _option(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
-def _check_applicable(args: argparse.Namespace) -> None:
-    """Refuse settings of the other inference method (or of the other MCMC kernel).
+def _check_applicable(args: argparse.Namespace, task: str) -> None:
+    """Refuse settings of another task (``TASK_OPTIONS``), of the other inference method, or of
+    the other MCMC kernel.
 
     Raises:
         CLIError: naming the options that were given but do not apply.
     """
+    for dest, (tasks, unset) in TASK_OPTIONS.items():
+        value = getattr(args, dest)
+        if value is not None and value != unset and task not in tasks:
+            raise CLIError(
+                f"{_option(dest)} {value} applies to {' and '.join(tasks)} datasets, not "
+                f"{args.dataset} ({task})"
+            )
     if args.inference == "mcmc":
         given = [_option(d) for d in SVI_OPTIONS if getattr(args, d) is not None]
         applies_to = "--inference svi, map, mc-dropout and ensemble"
@@ -775,7 +1150,9 @@ def _check_out(target: Path) -> None:
         raise CLIError(f"cannot create --out {target}: {ancestor} is not a writable directory")
 
 
-def _write_run(target: Path, post, splits, probs, record: dict, draws: dict) -> None:
+def _write_run(
+    target: Path, post, splits, record: dict, draws: dict, evaluation: _Evaluation
+) -> None:
     """Write every file of the run to a staging directory, then move it to ``target``."""
     from probtransformer import plots
 
@@ -788,17 +1165,18 @@ def _write_run(target: Path, post, splits, probs, record: dict, draws: dict) -> 
         raise CLIError(f"cannot write --out {target}: {e.strerror or e}") from e
     try:
         test = splits.test
-        idata = post.to_inference_data(splits.train, test=test, **draws)
+        train = splits.train
+        if record.get("task") in TOKEN_TASKS:  # 100 draws x 5,000 windows of 64 steps: ~30 min
+            train, test = train[:TOKEN_INFERENCE_DATA_ROWS], test[:TOKEN_INFERENCE_DATA_ROWS]
+            record["inference_data_rows"] = {"train": len(train), "test": len(test)}
+        idata = post.to_inference_data(train, test=test, **draws)
         idata.to_netcdf(str(staging / INFERENCE_DATA_FILE))
         post.save(staging / POSTERIOR_DIR)
         first = test[:1]
         attention = post.attention(first.x, first.mask, **draws)
-        title = f"posterior attention, {record['dataset']} test example 0 (label {int(first.y)})"
+        title = f"posterior attention, {record['dataset']} test example 0{evaluation.label}"
         plots.save_figure(attention.plot(0, title=title), staging / ATTENTION_FILE)
-        reliability = plots.reliability_figure(
-            probs, test.y, n_bins=ECE_BINS, title=f"{record['dataset']} test, {record['inference']}"
-        )
-        plots.save_figure(reliability, staging / RELIABILITY_FILE)
+        evaluation.write(staging, record)
         (staging / METRICS_FILE).write_text(json.dumps(record, indent=1) + "\n")
         replace_directory(staging, target)
     except OSError as e:
@@ -809,7 +1187,40 @@ def _write_run(target: Path, post, splits, probs, record: dict, draws: dict) -> 
         raise
 
 
-def _print_metrics(target: Path, record: dict) -> None:
+#: The metrics ``fit`` prints, by task: (metrics.json key, unit).
+PRINTED_METRICS = {
+    "classification": (
+        ("accuracy", ""),
+        ("nll", " nats"),
+        ("ece", f" ({ECE_BINS} bins)"),
+        ("brier", ""),
+        ("mean_epistemic", " nats"),
+    ),
+    "tagging": (
+        ("accuracy", " (per character)"),
+        ("nll", " nats/character"),
+        ("ece", f" ({ECE_BINS} bins)"),
+        ("boundary_f1", ""),
+        ("macro_f1", ""),
+        ("mean_epistemic", " nats"),
+    ),
+    "language-modeling": (
+        ("perplexity", ""),
+        ("nll", " nats/token"),
+        ("accuracy", " (next token)"),
+        ("mean_epistemic", " nats/token"),
+    ),
+    "forecasting": (
+        ("rmse", ""),
+        ("mae", ""),
+        ("interval_coverage", f" ({INTERVAL_PROB:.0%} predictive interval)"),
+        ("interval_width", ""),
+        ("crps", ""),
+    ),
+}
+
+
+def _print_metrics(target: Path, record: dict, evaluation: _Evaluation | None = None) -> None:
     if record["inference"] == "mcmc":
         how = (
             f"{record['kernel']}, {record['chains_kept']} chain(s) x {record['draws_per_chain']} "
@@ -821,8 +1232,12 @@ def _print_metrics(target: Path, record: dict) -> None:
         how = f"MAP, dropout {', '.join(map(str, record['dropout']))} kept on"
     else:
         how = f"guide {record['guide']}"
+    task = record.get("task", "classification")
+    what = record["dataset"]
+    if task != "classification":
+        what += f" ({record['model']})"
     print(
-        f"{record['dataset']} · {record['inference']} ({how}) · "
+        f"{what} · {record['inference']} ({how}) · "
         f"{record['num_train']} train / {record['num_test']} test · {record['seconds']:.1f} s fit"
     )
     if record.get("partial"):
@@ -831,14 +1246,12 @@ def _print_metrics(target: Path, record: dict) -> None:
             f"{record['draws_per_chain']} draws kept of {record['num_chains']} x "
             f"{record['num_draws']} requested"
         )
-    for key, unit in (
-        ("accuracy", ""),
-        ("nll", " nats"),
-        ("ece", f" ({ECE_BINS} bins)"),
-        ("brier", ""),
-        ("mean_epistemic", " nats"),
-    ):
-        print(f"  {key:<15}{record[key]:.4f}{unit}")
+    printed = [(key, unit) for key, unit in PRINTED_METRICS[task] if key in record]
+    width = max(15, *(len(key) + 1 for key, _ in printed))
+    for key, unit in printed:
+        print(f"  {key:<{width}}{record[key]:.4f}{unit}")
+    for line in evaluation.lines if evaluation else ():
+        print(line)
     if record["inference"] == "mcmc":
         divergences = record["divergences"]
         total = record["chains_kept"] * record["draws_per_chain"]
@@ -854,7 +1267,7 @@ def _print_metrics(target: Path, record: dict) -> None:
 def _diagnose(args: argparse.Namespace) -> None:
     """``probtransformer diagnose``: diagnostics table, verdict and LOO on the training data."""
     record, post = read_run(args.run_dir)
-    train = run_splits(record, args.run_dir)[1]
+    train = diagnostic_rows(record, run_splits(record, args.run_dir)[1])
     from probtransformer.inference.diagnostics import format_table
 
     table = post.diagnose(train, verbose=False, **_given(num_samples=args.num_samples))
@@ -873,25 +1286,223 @@ def _report(args: argparse.Namespace) -> None:
 def _predict(args: argparse.Namespace) -> None:
     """``probtransformer predict``: predictive probabilities and uncertainties as CSV."""
     path = Path(args.input)
-    if path.suffix.lower() not in (".npy", ".csv"):
-        raise CLIError(f"--input must be a .npy or .csv file, got {args.input!r}")
+    suffix = path.suffix.lower()
+    if suffix not in (".npy", ".csv", ".txt"):
+        raise CLIError(f"--input must be a .npy, .csv or .txt file, got {args.input!r}")
     if not path.is_file():
         raise CLIError(f"--input {args.input} does not exist or is not a file")
     record, post = read_run(args.run_dir)
-    max_len, in_features = post.model.config["max_len"], post.model.config["in_features"]
-    if path.suffix.lower() == ".npy":
-        x = _read_npy(path, in_features)
+    task = model_task(post.model)
+    draws = _given(num_samples=args.num_samples, seed=args.seed)
+    if task in TOKEN_TASKS:
+        frame = _predict_tokens(path, record, post, task, draws, args.run_dir)
     else:
-        x = _read_csv(path, max_len, in_features)
-    pred = post.predict(x, **_given(num_samples=args.num_samples, seed=args.seed))
-    frame = pred.to_dataframe(record.get("class_names"))
-    if args.output is None:
+        if suffix == ".txt":
+            raise CLIError(
+                f"--input must be a .npy or .csv file for a {task} run, got {args.input!r}"
+            )
+        max_len, in_features = post.model.config["max_len"], post.model.config["in_features"]
+        if suffix == ".npy":
+            x = _read_npy(path, in_features)
+        else:
+            x = _read_csv(path, max_len, in_features)
+        pred = post.predict(x, **draws)
+        if task == "classification":
+            frame = pred.to_dataframe(record.get("class_names"))
+        else:
+            frame = pred.to_dataframe()
+    _write_csv(frame, args.output)
+
+
+def _write_csv(frame, output: str | None) -> None:
+    """``frame`` as CSV to ``output`` (--output), or to stdout."""
+    if output is None:
         frame.to_csv(sys.stdout, index=False)
         return
     try:
-        frame.to_csv(args.output, index=False)
+        frame.to_csv(output, index=False)
     except OSError as e:
-        raise CLIError(f"cannot write --output {args.output}: {e.strerror or e}") from e
+        raise CLIError(f"cannot write --output {output}: {e.strerror or e}") from e
+
+
+def _predict_tokens(path: Path, record: dict, post, task: str, draws: dict, run_dir: str):
+    """One row per real (sequence, step) of a tagging or language-model run's predictions."""
+    import pandas as pd
+    import torch
+
+    from probtransformer.datasets import SequenceData
+
+    if path.suffix.lower() == ".npy":
+        x, mask = _read_token_npy(path, task), None
+        vocab = _run_vocab(record, post, run_dir, required=False)
+    elif path.suffix.lower() == ".txt":
+        vocab = _run_vocab(record, post, run_dir)
+        x, mask = _read_text(path, vocab, post.model.max_len, task)
+    else:
+        raise CLIError(
+            f"--input must be a .npy of int token ids (N, T) or a .txt file for a {task} run, "
+            f"got {str(path)!r}"
+        )
+    names = (lambda ids: [vocab[i] for i in ids]) if vocab else (lambda ids: list(map(str, ids)))
+    data = SequenceData(torch.from_numpy(x), None, None if mask is None else torch.from_numpy(mask))
+    frames, offset = [], 0
+    for rows, pred in token_predictions(post, data, draws):
+        n, steps = rows.x.shape
+        keep = np.ones((n, steps), bool) if rows.mask is None else rows.mask.numpy()
+        index = {
+            "sequence": np.repeat(np.arange(offset, offset + n), steps),
+            "step": np.tile(np.arange(steps), n),
+            "token": names(rows.x.reshape(-1).tolist()),
+        }
+        if task == "tagging":
+            tags = pred.to_dataframe(record.get("class_names")).drop(columns=["sequence", "step"])
+            frame = pd.concat([pd.DataFrame(index), tags], axis=1)
+        else:
+            top = pred.mean.max(-1)  # (n, T): the most probable next token and its probability
+            frame = pd.DataFrame(
+                {
+                    **index,
+                    "predicted": names(top.indices.reshape(-1).tolist()),
+                    "prob_predicted": top.values.reshape(-1).numpy(),
+                    "entropy": pred.entropy.reshape(-1).numpy(),
+                    "aleatoric": pred.aleatoric.reshape(-1).numpy(),
+                    "epistemic": pred.epistemic.reshape(-1).numpy(),
+                }
+            )
+        frames.append(frame[keep.reshape(-1)])
+        offset += n
+    return pd.concat(frames, ignore_index=True)
+
+
+def _run_vocab(record: dict, post, run_dir: str, *, required: bool = True) -> list[str] | None:
+    """The character vocabulary of a token run: the CausalLM's own, or the dataset's."""
+    vocab = getattr(post.model, "vocab", None)
+    if vocab is None and "dataset" in record and "seed" in record:
+        try:
+            vocab = run_data(record, run_dir)[2].get("vocab")
+        except (ValueError, TypeError, ImportError):
+            vocab = None
+    if vocab is None and required:
+        raise CLIError(
+            "this run has no character vocabulary: give --input as a .npy of int token ids"
+        )
+    return vocab
+
+
+def _read_token_npy(path: Path, task: str) -> np.ndarray:
+    """Read int64 token ids of shape (N, T) from a .npy file (T may be below max_len).
+
+    Raises:
+        CLIError: not an integer .npy array, another shape, or no rows.
+    """
+    try:
+        x = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise CLIError(f"cannot read {path} as a .npy array: {e}") from None
+    if not isinstance(x, np.ndarray) or x.dtype.kind not in "iu":
+        raise CLIError(
+            f"{path} must hold integer token ids for a {task} run, got dtype "
+            f"{getattr(x, 'dtype', type(x).__name__)}"
+        )
+    if x.ndim != 2 or 0 in x.shape:
+        raise CLIError(f"{path} must hold token ids of shape (N, T) with N, T >= 1, got {x.shape}")
+    return x.astype(np.int64)
+
+
+def _read_text(
+    path: Path, vocab: list[str], max_len: int, task: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids (N, T) and mask of a text file with one sequence per non-blank line (tagging:
+    whitespace removed, as the training text was); a warning on stderr for characters outside
+    the vocabulary (mapped to <unk>).
+
+    Raises:
+        CLIError: not UTF-8 text, a line longer than ``max_len`` characters, or no sequence.
+    """
+    from probtransformer.datasets import encode_text
+
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise CLIError(f"{path} is not UTF-8 text: {e.reason}") from None
+    sequences, unknown = [], 0
+    for number, line in enumerate(lines, start=1):
+        text = "".join(line.split()) if task == "tagging" else line
+        if not text.strip():
+            continue
+        if len(text) > max_len:
+            raise CLIError(
+                f"{path} line {number}: {len(text)} characters, but the model reads at most "
+                f"{max_len}; split the line"
+            )
+        ids, missing = encode_text(text, vocab)
+        sequences.append(ids.numpy())
+        unknown += missing
+    if not sequences:
+        raise CLIError(f"{path} holds no text")
+    if unknown:
+        _warn(f"{unknown} character(s) of {path} are outside the vocabulary; read as <unk>")
+    steps = max(map(len, sequences))
+    x = np.zeros((len(sequences), steps), dtype=np.int64)
+    mask = np.zeros((len(sequences), steps), dtype=bool)
+    for i, ids in enumerate(sequences):
+        x[i, : len(ids)], mask[i, : len(ids)] = ids, True
+    return x, mask
+
+
+def _warn(message: str) -> None:
+    print(f"{PROG}: warning: {' '.join(message.split())}", file=sys.stderr)
+
+
+# -- generate -----------------------------------------------------------------------------------
+
+
+def _generate(args: argparse.Namespace) -> None:
+    """``probtransformer generate``: continue a prompt with a language-model run."""
+    record, post = read_run(args.run_dir)
+    from probtransformer.models import CausalLM, generate
+
+    if not isinstance(post.model, CausalLM):
+        raise CLIError(
+            f"{args.run_dir} is a {model_task(post.model)} run ({type(post.model).__name__}); "
+            "generate needs a language-model run (fit --dataset pydoc-text)"
+        )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        generation = generate(
+            post,
+            args.prompt,
+            bayes_average=not args.thompson,
+            **_given(
+                max_new_tokens=args.max_new_tokens,
+                strategy=args.strategy,
+                temperature=args.temperature,
+                top_k=args.top_k,
+                top_p=args.top_p,
+                num_samples=args.num_samples,
+                seed=args.seed,
+            ),
+        )
+    for message in dict.fromkeys(str(w.message) for w in caught if w.category is UserWarning):
+        _warn(message)
+    print(args.prompt + (generation.text or ""))
+    print()
+    frame = generation.to_dataframe()
+    if args.output is not None:
+        _write_csv(frame, args.output)
+        print(f"wrote {args.output}")
+    else:
+        print(f"{'step':>4}  {'token':<8}{'entropy':>9}{'aleatoric':>11}{'epistemic':>11}")
+        for step, row in enumerate(frame.itertuples(index=False), start=1):
+            print(
+                f"{step:>4}  {row.token!r:<8}{row.entropy:>9.4f}{row.aleatoric:>11.4f}"
+                f"{row.epistemic:>11.4f}"
+            )
+    print(
+        f"mean over {len(generation)} tokens: entropy {float(generation.entropy.mean()):.4f}, "
+        f"aleatoric {float(generation.aleatoric.mean()):.4f}, "
+        f"epistemic {float(generation.epistemic.mean()):.4f} nats"
+    )
 
 
 def _read_npy(path: Path, in_features: int) -> np.ndarray:

@@ -607,6 +607,20 @@ def test_diagnose_bad_metrics_file(metrics_text, message, run, tmp_path, capsys)
     assert message in _one_error_line(capsys)
 
 
+@pytest.mark.parametrize("command", ["diagnose", "predict", "report"])
+def test_a_run_from_a_newer_format_version_is_refused(command, run, splits, tmp_path, capsys):
+    copy = tmp_path / "run"
+    shutil.copytree(run[0], copy)
+    meta_file = copy / "posterior" / "posterior.json"
+    meta = json.loads(meta_file.read_text())
+    meta["format_version"] += 1
+    meta_file.write_text(json.dumps(meta))
+    np.save(tmp_path / "x.npy", splits.test.x[:2].numpy())
+    extra = ["--input", str(tmp_path / "x.npy")] if command == "predict" else []
+    assert main([command, str(copy), *extra]) == 2
+    assert "newer" in _one_error_line(capsys)
+
+
 def test_missing_command_and_help(capsys):
     assert main([]) == 2
     assert "COMMAND" in _one_error_line(capsys)

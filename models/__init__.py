@@ -1,6 +1,7 @@
 """Complete Bayesian Transformer models (Pyro models with likelihoods)."""
 
 from probtransformer.models.classifier import SequenceClassifier
+from probtransformer.models.forecast import forecast
 from probtransformer.models.generate import Generation, generate
 from probtransformer.models.linear import BayesianLinearRegression
 from probtransformer.models.regression import Seq2Seq, SequenceRegressor
@@ -14,5 +15,6 @@ __all__ = [
     "SequenceClassifier",
     "SequenceRegressor",
     "TokenTagger",
+    "forecast",
     "generate",
 ]

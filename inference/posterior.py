@@ -333,7 +333,9 @@ class Posterior:
         """
         num = next(iter(flat_draws.values())).shape[0] if flat_draws else 1
         condition = {k: v.reshape(num, 1, *v.shape[1:]) for k, v in flat_draws.items()}
-        model = poutine.condition(self.model, data=condition)
+        model = _LikelihoodNotSampled(self.model.likelihood_site, self.device)(
+            poutine.condition(self.model, data=condition)
+        )
         if isinstance(self.guide, AmortizedGuide):  # local latents from the amortized guide
             model = amortized(self.guide)(model)
         pieces: dict[str, list[torch.Tensor]] = {}
@@ -774,6 +776,23 @@ def _check_samples(samples: dict[str, torch.Tensor], shapes: dict[str, torch.Siz
                 f"samples[{name!r}] must have shape (chain, draw, *{tuple(shapes[name])}) with "
                 f"the same (chain, draw) as the other sites, got {tuple(value.shape)}"
             )
+
+
+class _LikelihoodNotSampled(poutine.messenger.Messenger):
+    """Skip drawing the unobserved likelihood site: every reader uses its ``fn`` (probs, loc,
+    or its own ``fn.sample()``), and a categorical draw over (S, N, T, V) costs as much as a
+    third of a token model's forward pass. The site's value is a placeholder of zeros."""
+
+    def __init__(self, site: str, device: torch.device) -> None:
+        super().__init__()
+        self.site = site
+        self.device = device
+
+    def _pyro_sample(self, msg) -> None:
+        if msg["name"] == self.site and msg["value"] is None and not msg["is_observed"]:
+            fn = msg["fn"]
+            dtype = torch.long if fn.support.is_discrete else torch.get_default_dtype()
+            msg["value"] = torch.zeros(fn.shape(), dtype=dtype, device=self.device)
 
 
 def _categorical(fn) -> torch.distributions.Categorical | None:

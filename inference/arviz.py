@@ -58,6 +58,7 @@ def to_inference_data(
         raise ValueError("data.y is None: the log-likelihood needs observed targets")
     if isinstance(attention_obs, bool) or not isinstance(attention_obs, int) or attention_obs < 0:
         raise ValueError(f"attention_obs must be an integer >= 0, got {attention_obs!r}")
+    posterior._inputs(data.x, data.mask, data.y)  # validate all of data before any slice of it
     model = posterior.model
     site = model.likelihood_site
     draws = posterior.draws(num_samples, seed=seed)

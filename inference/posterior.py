@@ -59,14 +59,31 @@ def example_of(data: SequenceData) -> SequenceData:
 
 
 def _as_tensor(value: object, name: str) -> torch.Tensor | None:
-    if value is None or isinstance(value, torch.Tensor):
+    if value is None:
         return value
+    if isinstance(value, torch.Tensor):
+        return check_not_meta(value, name)
     if hasattr(value, "to_numpy"):
         value = value.to_numpy()
     if isinstance(value, np.ndarray):
+        # a copy where numpy's memory is read-only (pandas) or strided; float64 -> float32
         array = value.astype(np.float32) if value.dtype == np.float64 else value
-        return torch.from_numpy(np.ascontiguousarray(array))
+        return torch.from_numpy(np.require(array, requirements=["C", "W"]))
     raise TypeError(f"{name} must be a torch.Tensor or numpy array, got {type(value).__name__}")
+
+
+def check_not_meta(value: torch.Tensor, name: str) -> torch.Tensor:
+    """``value``, unless it is on PyTorch's ``meta`` device (shapes without values).
+
+    Raises:
+        ValueError: naming ``name``.
+    """
+    if value.device.type == "meta":
+        raise ValueError(
+            f"{name} is on the 'meta' device, which holds shapes but no values: create it on "
+            "'cpu' or 'cuda'"
+        )
+    return value
 
 
 class Posterior:
@@ -368,10 +385,10 @@ class Posterior:
         self, x, mask, y=None
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         x, mask, y = _as_tensor(x, "x"), _as_tensor(mask, "mask"), _as_tensor(y, "y")
-        if x.is_floating_point() and x.dtype != torch.float32:
-            x = x.float()  # float64 (or half) features -> the model's float32
         if hasattr(self.model, "validate"):
             self.model.validate(x, y, mask)
+        if x.is_floating_point() and x.dtype != torch.float32:
+            x = x.float()  # float64 (or half) features -> the model's float32
         _warn_out_of_range(x, self.record.get("x_range"))
         device = self.device
         return (
@@ -552,7 +569,14 @@ class Posterior:
         seed: int = 0,
         batch_size: int = DEFAULT_BATCH_SIZE,
     ) -> torch.Tensor:
-        """Pointwise log-likelihood ``log p(y_i | x_i, theta_s)`` in nats, ``(chain, draw, N)``."""
+        """Pointwise log-likelihood ``log p(y_i | x_i, theta_s)`` in nats, ``(chain, draw, N)``.
+
+        Raises:
+            ValueError: ``data.y`` is None, or malformed data.
+        """
+        check_data(data)
+        if data.y is None:
+            raise ValueError("data.y is None: the log-likelihood needs observed targets")
         return self.pointwise(data, num_samples=num_samples, seed=seed, batch_size=batch_size)[0]
 
     def pointwise(

@@ -7,6 +7,7 @@ import numbers
 import warnings
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -124,7 +125,16 @@ def _prompt_ids(model: CausalLM, prompt) -> tuple[torch.Tensor, int]:
             )
         ids = [index.get(ch, index.get("<unk>")) for ch in prompt]
         return torch.tensor(ids, dtype=torch.long), len(unknown)
-    ids = torch.as_tensor(prompt)
+    if isinstance(prompt, pd.Series):
+        prompt = prompt.to_numpy()
+    if not isinstance(prompt, list | tuple | torch.Tensor | np.ndarray):
+        raise TypeError(
+            "prompt must be a str or a 1-D list / tensor / numpy array of int token ids, got "
+            f"{type(prompt).__name__}"
+        )
+    ids = torch.as_tensor(np.asarray(prompt) if isinstance(prompt, list | tuple) else prompt)
+    if ids.device.type == "meta":
+        raise ValueError("prompt is on the 'meta' device, which holds no values")
     if ids.dim() != 1 or ids.numel() == 0 or ids.is_floating_point() or ids.dtype == torch.bool:
         raise ValueError(
             "prompt must be a non-empty str or a 1-D sequence of int token ids, got "
@@ -171,7 +181,8 @@ def generate(
     Args:
         posterior: ``Posterior`` of a ``CausalLM`` (any fit method).
         prompt: text, read character by character (characters outside the vocabulary map to
-            ``"<unk>"`` with a warning; without ``"<unk>"`` they raise), or token ids.
+            ``"<unk>"`` with a warning; without ``"<unk>"`` they raise), or 1-D token ids (list,
+            tensor, numpy array or pandas Series).
         max_new_tokens: tokens to generate ``K``.
         strategy: ``"greedy"`` or ``"sample"``.
         temperature: ``> 0``; 1 leaves the distribution as it is.

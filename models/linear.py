@@ -91,6 +91,8 @@ class BayesianLinearRegression(PyroModule):
             if not isinstance(y, torch.Tensor) or not y.is_floating_point():
                 got = f"dtype {y.dtype}" if isinstance(y, torch.Tensor) else type(y).__name__
                 raise TypeError(f"y must be a float tensor of shape (N,), got {got}")
+            if y.device != x.device:
+                raise ValueError(f"y is on {y.device} but x is on {x.device}")
             if tuple(y.shape) != (x.shape[0],):
                 raise ValueError(f"y must have shape (N,)=({x.shape[0]},), got {tuple(y.shape)}")
             if not torch.isfinite(y).all():

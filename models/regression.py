@@ -349,10 +349,14 @@ class Seq2Seq(_RegressionModel):
             head_prior=head_prior,
         )
         self.queries = nn.Parameter(torch.empty(horizon, d_model))  # one per future step
-        nn.init.normal_(self.queries, std=0.02)
+        self.reset_parameters()
         code = sinusoid_table(max_len + horizon, d_model)[max_len:]  # positions T+1..T+H
         self.register_buffer("query_positions", code, persistent=False)  # (H, d)
         self.head = BayesLinear(d_model, 1, bayesian="head" in parts, prior=weight_prior)
+
+    def reset_parameters(self) -> None:
+        """Re-draw the decoder queries from N(0, 0.02²) (every fit does, from its seed)."""
+        nn.init.normal_(self.queries, std=0.02)
 
     @property
     def attention_modules(self) -> dict[str, list[BayesMultiheadAttention]]:

@@ -997,11 +997,17 @@ def _as_tensor(value: Any, name: str) -> torch.Tensor:
     if isinstance(value, np.ndarray):
         if value.dtype.kind not in "biuf":
             raise TypeError(f"{name} must hold numbers or bools, got numpy dtype {value.dtype}")
-        value = torch.from_numpy(np.ascontiguousarray(value))
+        # a copy where numpy's memory is read-only (pandas) or strided
+        value = torch.from_numpy(np.require(value, requirements=["C", "W"]))
     if not isinstance(value, torch.Tensor):
         raise TypeError(
             f"{name} must be a torch.Tensor, numpy array or pandas DataFrame, "
             f"got {type(value).__name__}"
+        )
+    if value.device.type == "meta":
+        raise ValueError(
+            f"{name} is on the 'meta' device, which holds shapes but no values: create it on "
+            "'cpu' or 'cuda'"
         )
     if value.is_complex():
         raise TypeError(f"{name} must be real, got {value.dtype}")

@@ -153,6 +153,7 @@ INFERENCES = ("svi", "map", "mcmc", "mc-dropout", "ensemble")
 #: None: the guide is --guide's (or fit_svi's); the baselines are MAP fits (AutoDelta)
 INFERENCE_GUIDES = {"svi": None, "map": "delta", "mc-dropout": "delta", "ensemble": "delta"}
 SVI_OPTIONS = ("guide", "num_steps", "batch_size", "lr")  # fit_svi settings: all but mcmc
+CHECKPOINT_OPTIONS = ("checkpoint_every", "checkpoint_dir", "resume_from")  # svi and map only
 ENSEMBLE_OPTIONS = ("n_members",)  # fit_ensemble settings: ensemble only
 #: The MAP-based fits of ``probtransformer.inference.baselines``, by --inference.
 MAP_FITS = {"map": "fit_map", "mc-dropout": "fit_mc_dropout", "ensemble": "fit_ensemble"}
@@ -419,6 +420,22 @@ def build_parser() -> argparse.ArgumentParser:
     svi.add_argument("--num-steps", type=_positive_int, metavar="N", help="optimisation steps")
     svi.add_argument("--batch-size", type=_positive_int, metavar="N", help="sequences per step")
     svi.add_argument("--lr", type=float, help="initial Adam learning rate")
+    checkpoints = fit.add_argument_group("svi and map only: checkpoints (fit_svi)")
+    checkpoints.add_argument(
+        "--checkpoint-every",
+        type=_positive_int,
+        metavar="N",
+        help="write the fit's state every N steps (and on Ctrl-C) to --checkpoint-dir",
+    )
+    checkpoints.add_argument(
+        "--checkpoint-dir", metavar="DIR", help="checkpoint directory (default: OUT.checkpoint)"
+    )
+    checkpoints.add_argument(
+        "--resume-from",
+        metavar="DIR",
+        help="continue the fit saved in this checkpoint directory (same dataset, model and "
+        "settings) to the numbers an uninterrupted fit gives",
+    )
     ensemble = fit.add_argument_group("ensemble only")
     ensemble.add_argument(
         "--n-members",
@@ -666,7 +683,7 @@ def _fit(args: argparse.Namespace) -> None:
         if args.inference == "mcmc":
             post = _fit_mcmc(model, splits.train, args)
         else:  # svi and the MAP-based fits
-            post = _fit_svi(model, splits.train, args, guide)
+            post = _fit_svi(model, splits.train, args, guide, target)
         seconds = time.perf_counter() - start
 
         draws = _given(num_samples=_prediction_draws(post, args.num_samples), seed=args.seed)
@@ -994,6 +1011,9 @@ def _check_applicable(args: argparse.Namespace, task: str) -> None:
     else:
         given = [_option(d) for d in MCMC_OPTIONS if getattr(args, d) is not None]
         applies_to = "--inference mcmc"
+    if not given and args.inference not in ("svi", "map"):
+        given = [_option(d) for d in CHECKPOINT_OPTIONS if getattr(args, d) is not None]
+        applies_to = "--inference svi and map"
     if not given and args.inference != "ensemble":
         given = [_option(d) for d in ENSEMBLE_OPTIONS if getattr(args, d) is not None]
         applies_to = "--inference ensemble"
@@ -1035,7 +1055,7 @@ def _intra_op_threads(threads: int | None) -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
-def _fit_svi(model, train, args: argparse.Namespace, guide: str | None):
+def _fit_svi(model, train, args: argparse.Namespace, guide: str | None, target: Path):
     """svi: ``fit_svi``; map, mc-dropout, ensemble: their ``MAP_FITS`` function (fit_svi's
     settings without ``guide``; ensemble: ``n_members`` too)."""
     from probtransformer import inference
@@ -1044,6 +1064,9 @@ def _fit_svi(model, train, args: argparse.Namespace, guide: str | None):
         fit, specific = getattr(inference, MAP_FITS[args.inference]), dict(n_members=args.n_members)
     else:
         fit, specific = inference.fit_svi, dict(guide=guide or args.guide)
+    checkpoint_dir = args.checkpoint_dir
+    if args.checkpoint_every is not None and checkpoint_dir is None:
+        checkpoint_dir = target.absolute().with_name(f"{target.name}.checkpoint")
     return fit(
         model,
         train,
@@ -1055,6 +1078,9 @@ def _fit_svi(model, train, args: argparse.Namespace, guide: str | None):
             batch_size=args.batch_size,
             lr=args.lr,
             device=args.device,
+            checkpoint_every=args.checkpoint_every,
+            checkpoint_dir=checkpoint_dir,
+            resume_from=args.resume_from,
         ),
     )
 

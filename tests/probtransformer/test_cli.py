@@ -621,6 +621,21 @@ def test_a_run_from_a_newer_format_version_is_refused(command, run, splits, tmp_
     assert "newer" in _one_error_line(capsys)
 
 
+def test_checkpointed_fit_resumes_to_the_same_run(tmp_path, capsys):
+    args = ["fit", *TINY, "--num-train", "64"]
+    assert main([*args, "--checkpoint-every", "10", "--out", str(tmp_path / "a")]) == 0
+    assert (tmp_path / "a.checkpoint").is_dir()
+    resumed = ["--resume-from", str(tmp_path / "a.checkpoint"), "--out", str(tmp_path / "b")]
+    assert main([*args, *resumed]) == 0
+    first, second = (json.loads((tmp_path / r / "metrics.json").read_text()) for r in "ab")
+    assert first["nll"] == second["nll"] and first["accuracy"] == second["accuracy"]
+    capsys.readouterr()
+    assert main(["fit", *TINY_MCMC, "--resume-from", str(tmp_path / "a.checkpoint")]) == 2
+    assert "--resume-from applies to --inference svi and map" in _one_error_line(capsys)
+    assert main([*args, "--resume-from", str(tmp_path / "nowhere"), "--out", "c"]) == 2
+    assert "nowhere" in _one_error_line(capsys)
+
+
 def test_missing_command_and_help(capsys):
     assert main([]) == 2
     assert "COMMAND" in _one_error_line(capsys)

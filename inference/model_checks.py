@@ -36,6 +36,31 @@ def module_sample_sites(model: PyroModule) -> set[str]:
     return names
 
 
+class _GlobalsOutsideDataPlate(poutine.messenger.Messenger):
+    """Raise at the sample statement of a module ``PyroSample`` made inside the data plate:
+    before the model uses the per-data-point draw (which usually fails with a shape error
+    deep inside torch)."""
+
+    def __init__(self, global_sites: set[str]) -> None:
+        super().__init__()
+        self.global_sites = global_sites
+
+    def _pyro_sample(self, msg) -> None:
+        name = msg["name"]
+        if (
+            name in self.global_sites
+            and not msg["is_observed"]
+            and not msg["infer"].get(LOCAL_LATENT)
+            and any(f.name == DATA_PLATE for f in msg["cond_indep_stack"])
+        ):
+            raise ValueError(
+                f"the global latent {name!r} (a PyroSample attribute) was first read "
+                f"inside pyro.plate({DATA_PLATE!r}), so Pyro drew it once per data point "
+                "instead of once for the model: read it before entering the plate (e.g. "
+                "`w = self.weight` above `with plate:`)"
+            )
+
+
 def check_model_structure(model: PyroModule, data: SequenceData) -> None:
     """Trace ``model`` on the first rows of ``data`` and reject the pitfalls listed above.
 
@@ -49,25 +74,14 @@ def check_model_structure(model: PyroModule, data: SequenceData) -> None:
     rows = data[: min(3, len(data))]
     try:
         with pyro_scope(), torch.no_grad(), seeded(0, torch.device("cpu")):  # caller's RNG kept
-            trace = poutine.trace(model).get_trace(rows.x, rows.y, rows.mask)
+            checked = _GlobalsOutsideDataPlate(module_sample_sites(model))(model)
+            trace = poutine.trace(checked).get_trace(rows.x, rows.y, rows.mask)
     except ValueError as e:
         if is_invalid_parameter_error(e):
             return  # non-finite numbers, not structure: the fit names the step and site
         raise
     n = len(rows)
-    globals_ = module_sample_sites(model)
     name = model.likelihood_site
-    for site_name, site in trace.nodes.items():
-        if site["type"] != "sample" or site["is_observed"]:
-            continue
-        in_data = any(f.name == DATA_PLATE for f in site["cond_indep_stack"])
-        if in_data and site_name in globals_ and not site["infer"].get(LOCAL_LATENT):
-            raise ValueError(
-                f"the global latent {site_name!r} (a PyroSample attribute) was first read "
-                f"inside pyro.plate({DATA_PLATE!r}), so Pyro drew it once per data point "
-                "instead of once for the model: read it before entering the plate (e.g. "
-                "`w = self.weight` above `with plate:`)"
-            )
     site = trace.nodes.get(name)
     if site is None or not site.get("is_observed"):
         return  # check_model's protocol check and the Posterior report a missing site

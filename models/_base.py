@@ -200,6 +200,11 @@ class TransformerModel(PyroModule):
                 "give exactly one of in_features (feature sequences) and vocab_size (token ids); "
                 f"got in_features={in_features!r}, vocab_size={vocab_size!r}"
             )
+        if in_features is not None and not isinstance(in_features, int):
+            raise TypeError(
+                "in_features must be an int (features per step), or None for token ids with "
+                f"vocab_size=len(vocab); got {type(in_features).__name__}"
+            )
         inputs = {"in_features": in_features} if vocab_size is None else {"vocab_size": vocab_size}
         sizes = dict(
             **inputs,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numbers
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -36,7 +37,10 @@ def forecast(
 
     Returns:
         DataFrame with one row per step ``1..horizon``: ``step``, ``mean``, ``std``, ``lower``,
-        ``upper`` (the ``prob`` predictive interval, noise included).
+        ``upper`` (the ``prob`` predictive interval, noise included), in the data's units.
+
+    Warns:
+        UserWarning: ``history`` shorter than the ``max_len`` steps the model was trained on.
 
     Raises:
         TypeError: ``posterior`` not of a multi-step regression model.
@@ -70,6 +74,12 @@ def forecast(
         raise ValueError(
             f"history holds {int((~torch.isfinite(x)).sum())} NaN/inf values: the model cannot "
             "take gaps; drop or impute them (e.g. pandas interpolate) first"
+        )
+    if x.shape[0] < model.max_len:
+        warnings.warn(
+            f"history has {x.shape[0]} steps but the model was trained on {model.max_len}: "
+            "forecasts from a shorter context may be poor",
+            stacklevel=2,
         )
     pred = posterior.predict(x[-model.max_len :][None], num_samples=num_samples, seed=seed)
     lower, upper = pred.predictive_interval(prob)

@@ -239,6 +239,13 @@ class _DatasetNames:
     def __iter__(self) -> Iterator[str]:
         return iter(self._names)
 
+    def canonical(self, text: str) -> str:
+        """``text`` in any case -> the registered spelling (unknown names pass through)."""
+        return {name.lower(): name for name in self._names}.get(text.lower(), text)
+
+
+DATASET_NAMES = _DatasetNames()
+
 
 def _library_functions() -> dict[str, Callable[..., Any]]:
     """The library callables whose defaults unset options take (imported on demand)."""
@@ -366,7 +373,8 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument(
         "--dataset",
         default="digits",
-        choices=_DatasetNames(),
+        type=lambda text: DATASET_NAMES.canonical(text.strip()),
+        choices=DATASET_NAMES,
         metavar="NAME",
         help="dataset, one of: %(choices)s (default: %(default)s)",
     )
@@ -1438,12 +1446,13 @@ def _read_token_npy(path: Path, task: str) -> np.ndarray:
 def _read_text(
     path: Path, vocab: list[str], max_len: int, task: str
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids (N, T) and mask of a text file with one sequence per non-blank line (tagging:
+    """Token ids (N, T) and mask of a text file with one sequence per line (tagging:
     whitespace removed, as the training text was); a warning on stderr for characters outside
     the vocabulary (mapped to <unk>).
 
     Raises:
-        CLIError: not UTF-8 text, a line longer than ``max_len`` characters, or no sequence.
+        CLIError: not UTF-8 text, a blank line, a line longer than ``max_len`` characters, or
+            no sequence.
     """
     from probtransformer.datasets import encode_text
 
@@ -1454,8 +1463,10 @@ def _read_text(
     sequences, unknown = [], 0
     for number, line in enumerate(lines, start=1):
         text = "".join(line.split()) if task == "tagging" else line
-        if not text.strip():
-            continue
+        if not text.strip():  # rows must keep the file's line numbers: refuse, do not skip
+            raise CLIError(
+                f"{path} line {number} is blank: give one sequence per line, without blank lines"
+            )
         if len(text) > max_len:
             raise CLIError(
                 f"{path} line {number}: {len(text)} characters, but the model reads at most "

@@ -106,3 +106,23 @@ def test_module_sample_sites_lists_full_names():
     names = module_sample_sites(tagger)
     assert "head.weight" in names
     assert "encoder.layers.0.attention.projection" in names
+
+
+class LinearReadInPlate(Regression):
+    """The common form: ``PyroModule[nn.Linear]`` with PyroSample weights, called in the plate
+    (the per-data-point draw would otherwise fail deep inside torch with a shape error)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = PyroModule[torch.nn.Linear](2, 1)
+        self.lin.weight = PyroSample(dist.Normal(0.0, 1.0).expand([1, 2]).to_event(2))
+        self.lin.bias = PyroSample(dist.Normal(0.0, 1.0).expand([1]).to_event(1))
+
+    def forward(self, x, y=None, mask=None, *, num_data=None):
+        with pyro.plate("data", len(x)):
+            return pyro.sample("y", dist.Normal(self.lin(x)[..., 0], 1.0), obs=y)
+
+
+def test_a_linear_layer_read_in_the_plate_is_named_before_torch_fails(data):
+    with pytest.raises(ValueError, match="the global latent 'lin.weight'"):
+        fit_svi(LinearReadInPlate(), data, **QUICK)

@@ -116,14 +116,14 @@ def test_tagging_run_directory_and_metrics(tagging_run):
 
 def test_tagging_predict_text_and_token_ids(tagging_run, tmp_path, capsys):
     run_dir, _ = tagging_run
-    (tmp_path / "words.txt").write_text("Thisisatest\n\nhello world\n")
+    (tmp_path / "words.txt").write_text("Thisisatest\nhello world\n")
     assert main(["predict", str(run_dir), "--input", str(tmp_path / "words.txt")]) == 0
     frame = pd.read_csv(io.StringIO(capsys.readouterr().out), keep_default_na=False)
     assert list(frame.columns) == [
         "sequence", "step", "token", "prob_inside", "prob_boundary", "predicted", "entropy",
         "aleatoric", "epistemic",
     ]  # fmt: skip
-    # one row per real character; whitespace removed as in training; blank lines skipped
+    # one row per real character; whitespace removed as in training
     assert "".join(frame["token"]) == "Thisisatesthelloworld"
     assert frame.groupby("sequence").size().tolist() == [11, 10]
     np.testing.assert_allclose(frame["prob_inside"] + frame["prob_boundary"], 1, atol=1e-5)
@@ -143,8 +143,9 @@ def test_tagging_predict_text_and_token_ids(tagging_run, tmp_path, capsys):
         ("x.npy", np.full((1, 3), 10_000), "token ids in [0, "),
         ("x.npy", np.zeros((1, 65), np.int64), "max_len=64"),
         ("x.csv", "1,2,3\n", ".npy of int token ids (N, T) or a .txt file"),
+        ("x.txt", "abc\n\ndef\n", "line 2 is blank"),
         ("x.txt", "a" * 65 + "\n", "line 1: 65 characters, but the model reads at most 64"),
-        ("x.txt", "\n  \n", "holds no text"),
+        ("x.txt", "\n  \n", "line 1 is blank"),
     ],
 )
 def test_tagging_predict_bad_input(name, content, message, tagging_run, tmp_path, capsys):

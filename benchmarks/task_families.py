@@ -22,14 +22,16 @@ test split is touched once, for the reported figures.
   Student-t) are chosen on val CRPS; ``Seq2Seq`` reuses that choice. 90% interval coverage,
   CRPS (``metrics.crps_samples`` from 500 predictive draws), RMSE of the predictive mean.
 - ``wordseg/*``: pydoc-wordseg boundary F1 (positive class = boundary, real characters only),
-  token accuracy and NLL of ``TokenTagger`` and of a logistic regression on a one-hot character
-  window (offsets -2..+2, ``C`` chosen on val NLL).
+  token accuracy and NLL of ``TokenTagger`` (attention prior: default or local-window guidance,
+  chosen by 300-step pilot fits on val NLL; then up to 3,000 steps in a 600 s budget) and of a
+  logistic regression on a one-hot character window (offsets -2..+2, ``C`` chosen on val NLL).
 - ``lm/*``: pydoc-text test perplexity of ``CausalLM`` (d_model 64, 2 layers, 4 heads, max_len
-  64, batch 64; up to 3,000 steps within a time budget measured from the step time) and of a
-  smoothed character bigram (add-k or interpolation, chosen on val perplexity); 3 generated
-  continuations (greedy and top-p 0.9) with their mean per-token entropy and epistemic part.
+  64, batch 64; lr chosen by pilot fits on val NLL; up to 3,000 steps in a 600 s budget at the
+  pilots' step time) and of a smoothed character bigram (add-k or interpolation, chosen on val
+  perplexity); 3 generated continuations (greedy and top-p 0.9) with their mean per-token
+  entropy and epistemic part.
 
-Reproduce (about 1.5 hours on 2 busy CPU cores; ``--quick``: a few steps, a smoke run)::
+Reproduce (about 2 hours on 2 busy CPU cores; ``--quick``: a few steps, under a minute)::
 
     python -m benchmarks.task_families [--only NAME[,NAME]] [--quick]
 

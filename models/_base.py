@@ -192,6 +192,8 @@ class TransformerModel(PyroModule):
         weight_prior: priors.Normal | None,
         attention_prior,
         head_prior: priors.HeadGatePrior | None,
+        layer_norm: bool = True,
+        hard_attention: bool = False,
         causal: bool = False,
         cls_token: bool = False,
     ) -> None:
@@ -212,9 +214,11 @@ class TransformerModel(PyroModule):
             d_model=d_model,
             num_heads=num_heads,
             num_layers=num_layers,
-            d_ff=d_ff,
         )
         check_sizes(**sizes)
+        if isinstance(d_ff, bool) or not isinstance(d_ff, int) or d_ff < 0:
+            raise ValueError(f"d_ff must be an integer >= 0 (0: no feed-forward), got {d_ff!r}")
+        sizes["d_ff"] = d_ff
         if grid is not None:
             if not (isinstance(grid, (tuple, list)) and len(grid) == 2):
                 raise ValueError(f"grid must be (rows, cols) of patches, got {grid!r}")
@@ -228,6 +232,8 @@ class TransformerModel(PyroModule):
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         parts = _parse_bayesian(bayesian)
+        if "norm" in parts and not layer_norm:
+            raise ValueError("bayesian includes 'norm' but layer_norm=False removes every LayerNorm")
         self.in_features = in_features
         self.vocab_size = vocab_size
         self.max_len = max_len
@@ -243,6 +249,11 @@ class TransformerModel(PyroModule):
         )
         if grid is None:
             del self.config["grid"]  # keeps configs saved before 2-D positions loadable as is
+        # ablations (benchmarks/claims.py): recorded only when switched on, like grid
+        if not layer_norm:
+            self.config["layer_norm"] = False
+        if hard_attention:
+            self.config["hard_attention"] = True
         embedding = FeatureEmbedding if vocab_size is None else TokenEmbedding
         self.embedding = embedding(
             in_features or vocab_size,
@@ -266,6 +277,8 @@ class TransformerModel(PyroModule):
             attention_prior=specs,
             head_prior=head_prior,
             max_len=max_len + cls_token,
+            layer_norm=layer_norm,
+            hard_attention=hard_attention,
         )
         self.bayesian_parts = parts
 

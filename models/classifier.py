@@ -34,10 +34,13 @@ class SequenceClassifier(TransformerModel):
         d_model: model width.
         num_heads: attention heads per layer.
         num_layers: Transformer blocks.
-        d_ff: feed-forward hidden width.
+        d_ff: feed-forward hidden width; 0 for no feed-forward sublayer (an ablation).
         dropout: dropout probability during training (point-estimate fits, MC dropout).
         pooling: ``"mean"`` over real steps or ``"cls"`` (a prepended token).
         norm_first: pre-norm blocks.
+        layer_norm: False removes every LayerNorm, residuals kept (an ablation).
+        hard_attention: each query takes the value of its top-scoring key only, with
+            straight-through gradients (an ablation; see ``BayesMultiheadAttention``).
         bayesian: latent parts, any of ``("embedding", "attention", "ffn", "norm", "head")``.
         weight_prior: prior spec of latent weights. The default, ``priors.Normal(3.0)`` (sd
             ``3 / sqrt(fan_in)``), was chosen on the digits validation split: the
@@ -74,6 +77,8 @@ class SequenceClassifier(TransformerModel):
         dropout: float = 0.1,
         pooling: str = "mean",
         norm_first: bool = True,
+        layer_norm: bool = True,
+        hard_attention: bool = False,
         bayesian: Iterable[str] | str = ("attention", "head"),
         weight_prior: priors.Normal | None = priors.Normal(scale=3.0),
         attention_prior=priors.LogitScalePrior(),
@@ -95,6 +100,8 @@ class SequenceClassifier(TransformerModel):
             d_ff=d_ff,
             dropout=dropout,
             norm_first=norm_first,
+            layer_norm=layer_norm,
+            hard_attention=hard_attention,
             bayesian=bayesian,
             weight_prior=weight_prior,
             attention_prior=attention_prior,

@@ -141,6 +141,11 @@ class BayesMultiheadAttention(PyroModule):
         head_prior: ``priors.HeadGatePrior`` or None.
         max_len: longest sequence the attention sees (required with ``AttentionLogitPrior``).
         dropout: dropout probability on the attention weights during training.
+        hard: hard selection of the top key: each query takes the value of the key with the
+            largest attention weight only (weights one-hot; ties go to the first key). Gradients
+            pass through the softmax weights (straight-through estimator, Bengio et al. 2013),
+            so the projections still learn. The ablation against full attention of
+            ``benchmarks/claims.py``.
 
     Raises:
         ValueError: ``d_model`` not divisible by ``num_heads``, sizes < 1, or guidance without
@@ -173,6 +178,7 @@ class BayesMultiheadAttention(PyroModule):
         head_prior: priors.HeadGatePrior | None = None,
         max_len: int | None = None,
         dropout: float = 0.0,
+        hard: bool = False,
     ) -> None:
         super().__init__()
         if d_model < 1 or num_heads < 1 or d_model % num_heads:
@@ -195,6 +201,7 @@ class BayesMultiheadAttention(PyroModule):
             self.priors.pop(priors.LogitScalePrior, None)
         self.head_prior = head_prior
         self.max_len = max_len
+        self.hard = hard
         self.dropout = nn.Dropout(dropout)
         self.register_buffer("device_anchor", torch.zeros(()), persistent=False)
         self.register_buffer("head_active", torch.ones(num_heads, dtype=torch.bool))
@@ -304,6 +311,8 @@ class BayesMultiheadAttention(PyroModule):
         if self.stochastic:
             logits = self._stochastic_logits(logits, k, prior_terms, allowed, heads)
         weights = masked_softmax(logits, allowed)
+        if self.hard:
+            weights = _straight_through_top1(weights)
         self.attention_weights = weights.detach()
         if nh < self.num_heads:  # pruned heads keep their index, with weights 0
             self.attention_weights = weights.new_zeros(S, N, self.num_heads, Tq, Tk)
@@ -359,6 +368,15 @@ class BayesMultiheadAttention(PyroModule):
             fn = dist.Normal(loc, scale).to_event(3)
             z = pyro.sample(name, fn, infer={LOCAL_LATENT: True})
         return z.reshape(-1, *logits.shape[1:])
+
+
+def _straight_through_top1(weights: torch.Tensor) -> torch.Tensor:
+    """One-hot weights on each row's largest entry (all-zero rows stay zero), with the gradient
+    of ``weights`` (straight-through)."""
+    top = weights.argmax(-1, keepdim=True)
+    one_hot = torch.zeros_like(weights).scatter_(-1, top, 1.0)
+    one_hot = one_hot * (weights.sum(-1, keepdim=True) > 0)
+    return one_hot + (weights - weights.detach())  # exactly one_hot forward
 
 
 def _allowed(

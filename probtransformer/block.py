@@ -15,6 +15,11 @@ from probtransformer.layers import BayesLayerNorm, BayesLinear
 BAYESIAN_PARTS = ("embedding", "attention", "ffn", "norm", "head")
 
 
+def make_norm(d_model: int, *, enabled: bool, bayesian: bool) -> nn.Module:
+    """A ``BayesLayerNorm`` over ``d_model`` features, or the identity when not ``enabled``."""
+    return BayesLayerNorm(d_model, bayesian=bayesian) if enabled else nn.Identity()
+
+
 class FeedForward(PyroModule):
     """Position-wise feed-forward network ``W2 · GELU(W1 · h)``.
 
@@ -44,14 +49,19 @@ class TransformerBlock(PyroModule):
     """Attention + feed-forward, each wrapped in a residual connection and LayerNorm.
 
     Pre-norm (``norm_first=True``, Xiong et al. 2020): ``h + f(LN(h))``; post-norm (the original
-    Transformer): ``LN(h + f(h))``.
+    Transformer): ``LN(h + f(h))``. The ablations of ``benchmarks/claims.py`` switch parts off:
+    ``d_ff=0`` drops the feed-forward sublayer, ``layer_norm=False`` every LayerNorm (residuals
+    stay), ``hard_attention=True`` makes attention select one key (see
+    ``BayesMultiheadAttention``).
 
     Args:
         d_model: width ``d``.
         num_heads: attention heads.
-        d_ff: hidden width of the feed-forward network.
+        d_ff: hidden width of the feed-forward network; 0 for no feed-forward sublayer.
         dropout: dropout on attention weights and sublayer outputs during training.
         norm_first: pre-norm if True, post-norm otherwise.
+        layer_norm: False replaces every LayerNorm by the identity.
+        hard_attention: attention takes the value of its top-scoring key only.
         bayesian: which of "attention", "ffn", "norm" are latent.
         weight_prior: prior spec of latent weights.
         attention_prior: prior spec(s) of the attention logits (see ``BayesMultiheadAttention``).
@@ -76,9 +86,13 @@ class TransformerBlock(PyroModule):
         attention_prior=None,
         head_prior: priors.HeadGatePrior | None = None,
         max_len: int | None = None,
+        layer_norm: bool = True,
+        hard_attention: bool = False,
     ) -> None:
         super().__init__()
         self.norm_first = norm_first
+        self.layer_norm = layer_norm
+        self.bayesian = bayesian
         self.attention = BayesMultiheadAttention(
             d_model,
             num_heads,
@@ -88,13 +102,32 @@ class TransformerBlock(PyroModule):
             head_prior=head_prior,
             max_len=max_len,
             dropout=dropout,
+            hard=hard_attention,
         )
-        self.ffn = FeedForward(
-            d_model, d_ff, bayesian="ffn" in bayesian, prior=weight_prior, dropout=dropout
+        self.ffn = (
+            FeedForward(
+                d_model, d_ff, bayesian="ffn" in bayesian, prior=weight_prior, dropout=dropout
+            )
+            if d_ff
+            else None
         )
-        self.norm1 = BayesLayerNorm(d_model, bayesian="norm" in bayesian)
-        self.norm2 = BayesLayerNorm(d_model, bayesian="norm" in bayesian)
+        self.norm1 = self._norm(d_model)
+        self.norm2 = self._norm(d_model)
         self.dropout = nn.Dropout(dropout)
+
+    def _norm(self, d_model: int) -> nn.Module:
+        return make_norm(d_model, enabled=self.layer_norm, bayesian="norm" in self.bayesian)
+
+    def _sublayer(self, h: torch.Tensor, f, norm: nn.Module) -> torch.Tensor:
+        """Residual connection around ``f`` with pre- or post-norm."""
+        if self.norm_first:
+            return h + f(norm(h))
+        return norm(h + f(h))
+
+    def _feed_forward(self, h: torch.Tensor) -> torch.Tensor:
+        if self.ffn is None:
+            return h
+        return self._sublayer(h, lambda x: self.dropout(self.ffn(x)), self.norm2)
 
     def forward(
         self,
@@ -107,11 +140,7 @@ class TransformerBlock(PyroModule):
             out = self.attention(x, key_padding_mask=key_padding_mask, attn_mask=attn_mask)
             return self.dropout(out)
 
-        if self.norm_first:
-            h = h + attend(self.norm1(h))
-            return h + self.dropout(self.ffn(self.norm2(h)))
-        h = self.norm1(h + attend(h))
-        return self.norm2(h + self.dropout(self.ffn(h)))
+        return self._feed_forward(self._sublayer(h, attend, self.norm1))
 
 
 class DecoderBlock(TransformerBlock):
@@ -144,8 +173,9 @@ class DecoderBlock(TransformerBlock):
             attention_prior=cross_priors,
             head_prior=kwargs.get("head_prior"),
             dropout=kwargs.get("dropout", 0.0),
+            hard=kwargs.get("hard_attention", False),
         )
-        self.norm3 = BayesLayerNorm(d_model, bayesian="norm" in bayesian)
+        self.norm3 = self._norm(d_model)
 
     def forward(
         self,
@@ -163,10 +193,5 @@ class DecoderBlock(TransformerBlock):
         def cross(x: torch.Tensor) -> torch.Tensor:
             return self.dropout(self.cross_attention(x, memory, key_padding_mask=memory_mask))
 
-        if self.norm_first:
-            h = h + attend(self.norm1(h))
-            h = h + cross(self.norm3(h))
-            return h + self.dropout(self.ffn(self.norm2(h)))
-        h = self.norm1(h + attend(h))
-        h = self.norm3(h + cross(h))
-        return self.norm2(h + self.dropout(self.ffn(h)))
+        h = self._sublayer(h, attend, self.norm1)
+        return self._feed_forward(self._sublayer(h, cross, self.norm3))

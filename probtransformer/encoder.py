@@ -7,8 +7,7 @@ from pyro.nn import PyroModule, PyroModuleList
 
 from probtransformer import priors
 from probtransformer.attention import BayesMultiheadAttention
-from probtransformer.block import DecoderBlock, TransformerBlock
-from probtransformer.layers import BayesLayerNorm
+from probtransformer.block import DecoderBlock, TransformerBlock, make_norm
 
 
 class TransformerEncoder(PyroModule):
@@ -17,7 +16,7 @@ class TransformerEncoder(PyroModule):
     Args:
         num_layers: number of blocks ``L``.
         d_model, num_heads, d_ff, dropout, norm_first, bayesian, weight_prior, attention_prior,
-        head_prior, max_len: passed to every ``TransformerBlock``.
+        head_prior, max_len, layer_norm, hard_attention: passed to every ``TransformerBlock``.
         causal: each query sees only keys at or before its own position.
 
     Shapes:
@@ -39,6 +38,8 @@ class TransformerEncoder(PyroModule):
         attention_prior=None,
         head_prior: priors.HeadGatePrior | None = None,
         max_len: int | None = None,
+        layer_norm: bool = True,
+        hard_attention: bool = False,
     ) -> None:
         super().__init__()
         self.causal = causal
@@ -55,11 +56,14 @@ class TransformerEncoder(PyroModule):
                     attention_prior=attention_prior,
                     head_prior=head_prior,
                     max_len=max_len,
+                    layer_norm=layer_norm,
+                    hard_attention=hard_attention,
                 )
                 for _ in range(num_layers)
             ]
         )
-        self.norm = BayesLayerNorm(d_model, bayesian="norm" in bayesian) if norm_first else None
+        norm = make_norm(d_model, enabled=layer_norm, bayesian="norm" in bayesian)
+        self.norm = norm if norm_first else None
 
     @property
     def attention_modules(self) -> list[BayesMultiheadAttention]:
@@ -112,7 +116,11 @@ class TransformerDecoder(PyroModule):
                 for _ in range(num_layers)
             ]
         )
-        self.norm = BayesLayerNorm(d_model, bayesian="norm" in bayesian) if norm_first else None
+        self.norm = (
+            make_norm(d_model, enabled=kwargs.get("layer_norm", True), bayesian="norm" in bayesian)
+            if norm_first
+            else None
+        )
 
     @property
     def attention_modules(self) -> dict[str, list[BayesMultiheadAttention]]:

@@ -233,7 +233,7 @@ class TransformerModel(PyroModule):
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         parts = _parse_bayesian(bayesian)
         if "norm" in parts and not layer_norm:
-            raise ValueError("bayesian includes 'norm' but layer_norm=False removes every LayerNorm")
+            raise ValueError("bayesian includes 'norm', but layer_norm=False drops LayerNorm")
         self.in_features = in_features
         self.vocab_size = vocab_size
         self.max_len = max_len

@@ -4,9 +4,12 @@ Three contenders train on the same mini-batch, in one process, with the same ste
 ``probtransformer.inference.svi.fit_svi`` (zero grad, loss, backward, ``clip_grad_norm_(params,
 inf)`` and ``loss.item()`` as the finiteness check, Adam and exponential learning-rate decay):
 
-- ``svi``: what ``fit_svi(guide="normal")`` does per step: ``TraceMeanField_ELBO`` of the model
-  and an ``AutoNormal`` guide (``init_to_sample``, ``init_scale=1e-3``), evaluated as
-  ``loss_fn(x, y, None, num_data=N)`` inside a fresh param-store scope.
+- ``svi``: what ``fit_svi(guide="normal")`` does per step: the mean-field ELBO
+  (``inference.elbo.MeanFieldELBO``) of the model and an ``AutoNormal`` guide
+  (``init_to_sample``, ``init_scale=1e-3``), evaluated as ``loss_fn(x, y, None, num_data=N)``
+  inside a fresh param-store scope, Pyro's validation on for the first evaluation only.
+- ``svi-pyro``: the same step with Pyro's own ``TraceMeanField_ELBO`` and validation on every
+  step: what ``fit_svi`` did before ``MeanFieldELBO``, kept to show what that change saves.
 - ``deterministic``: the same ``SequenceClassifier`` built with ``bayesian=()`` (every weight a
   point estimate, hence no logit scale either), dropout matched; cross-entropy of the logits of
   its network parts (embedding -> encoder -> mean pooling -> head), no Pyro sample sites.
@@ -54,6 +57,7 @@ from torch import nn
 
 from probtransformer.datasets import load
 from probtransformer.inference._runtime import pyro_scope, reinitialised_copy, resolve_device
+from probtransformer.inference.elbo import MeanFieldELBO
 from probtransformer.inference.guides import build_guide
 from probtransformer.models import SequenceClassifier
 from probtransformer.positional import SinusoidalPositionalEncoding
@@ -180,17 +184,27 @@ def _train_step(loss_of: Callable[[], torch.Tensor], params: list[torch.Tensor])
     return step
 
 
-def svi_loss(model: SequenceClassifier, batch: Batch) -> tuple[Callable[[], torch.Tensor], list]:
+def svi_loss(
+    model: SequenceClassifier, batch: Batch, *, pyro_elbo: bool = False
+) -> tuple[Callable[[], torch.Tensor], list]:
     """``fit_svi``'s mean-field ELBO loss on ``batch`` and its trainable parameters.
 
     Call inside ``pyro_scope()``: the guide's parameters are created here, by a first
-    evaluation, exactly as ``fit_svi`` creates them.
+    evaluation, exactly as ``fit_svi`` creates them. ``pyro_elbo``: Pyro's
+    ``TraceMeanField_ELBO`` with validation on every step instead (``fit_svi`` before
+    ``MeanFieldELBO``).
     """
     guide = build_guide("normal", model, init_scale=INIT_SCALE)
-    loss_fn = TraceMeanField_ELBO(num_particles=1, vectorize_particles=False)(model, guide)
+    elbo = TraceMeanField_ELBO if pyro_elbo else MeanFieldELBO
+    loss_fn = elbo(num_particles=1, vectorize_particles=False)(model, guide)
     loss_fn(batch.x, batch.y, None, num_data=batch.num_data)
     params = [p for p in loss_fn.parameters() if p.requires_grad]
-    return lambda: loss_fn(batch.x, batch.y, None, num_data=batch.num_data), params
+
+    def loss() -> torch.Tensor:
+        with pyro.validation_enabled(pyro_elbo):
+            return loss_fn(batch.x, batch.y, None, num_data=batch.num_data)
+
+    return loss, params
 
 
 def network_logits(model: SequenceClassifier, x: torch.Tensor) -> torch.Tensor:
@@ -209,6 +223,8 @@ def build_contenders(d_model: int, seq_len: int, batch: Batch, device: torch.dev
     bayes = make_classifier(d_model, seq_len, bayesian=("attention", "head"), device=device)
     loss, params = svi_loss(bayes, batch)
     svi = _train_step(loss, params)
+    before = make_classifier(d_model, seq_len, bayesian=("attention", "head"), device=device)
+    svi_pyro = _train_step(*svi_loss(before, batch, pyro_elbo=True))
 
     plain = make_classifier(d_model, seq_len, bayesian=(), device=device)
     deterministic = _train_step(
@@ -220,7 +236,7 @@ def build_contenders(d_model: int, seq_len: int, batch: Batch, device: torch.dev
     torch_step = _train_step(
         lambda: F.cross_entropy(reference(batch.x), batch.y), list(reference.parameters())
     )
-    return {"svi": svi, "deterministic": deterministic, "torch": torch_step}
+    return {"svi": svi, "svi-pyro": svi_pyro, "deterministic": deterministic, "torch": torch_step}
 
 
 def _sync(device: torch.device) -> None:
@@ -240,6 +256,11 @@ class Timing:
     cpu: list[float] = field(default_factory=list)
 
 
+def warmup_steps(steps_per_round: int) -> int:
+    """Untimed steps each contender runs in ``time_contenders`` before the first round."""
+    return max(5, steps_per_round // 3)
+
+
 def time_contenders(
     steps: dict[str, StepFn], *, rounds: int, steps_per_round: int, device: torch.device
 ) -> dict[str, Timing]:
@@ -248,7 +269,7 @@ def time_contenders(
     Each round runs every contender for ``steps_per_round`` steps; the order rotates by one
     contender per round.
     """
-    warmup = max(5, steps_per_round // 3)
+    warmup = warmup_steps(steps_per_round)
     for step in steps.values():
         for _ in range(warmup):
             step()
@@ -268,7 +289,8 @@ def time_contenders(
 
 
 LABELS = {
-    "svi": "SVI (AutoNormal, TraceMeanField_ELBO)",
+    "svi": "SVI (AutoNormal, MeanFieldELBO)",
+    "svi-pyro": "SVI, Pyro TraceMeanField_ELBO",
     "deterministic": "ours, deterministic (bayesian=())",
     "torch": "torch.nn.TransformerEncoder",
 }
@@ -361,8 +383,11 @@ def profile_step(d_model: int, seq_len: int, batch: Batch, device: torch.device)
             loss_of().backward()
         columns[name] = _phase_times(loss_of, params, device, num_steps)
         columns[name].update(_op_counts(loss_of, num_steps))
-    with pyro.validation_enabled(False):
-        columns["SVI"]["forward, validation off"] = _phase_times(*svi, device, num_steps)["forward"]
+    before = make_classifier(d_model, seq_len, bayesian=("attention", "head"), device=device)
+    pyro_elbo = svi_loss(before, batch, pyro_elbo=True)
+    columns["SVI"]["forward, Pyro TraceMeanField_ELBO"] = _phase_times(
+        *pyro_elbo, device, num_steps
+    )["forward"]
     lines = [f"{'per step (mean of ' + str(num_steps) + ' steps)':<34}{'SVI':>10}{'determ.':>10}"]
     for key, value in columns["SVI"].items():
         other = columns["deterministic"].get(key)

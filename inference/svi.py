@@ -9,7 +9,7 @@ import time
 import pyro
 import torch
 from pyro import poutine
-from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
+from pyro.infer import Trace_ELBO
 from tqdm.auto import tqdm
 
 from probtransformer.datasets import SequenceData
@@ -26,6 +26,7 @@ from probtransformer.inference.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from probtransformer.inference.elbo import MeanFieldELBO
 from probtransformer.inference.guides import GUIDES, build_guide, has_local_latents
 from probtransformer.inference.model_checks import check_model_structure
 from probtransformer.inference.posterior import Posterior, check_data, check_model, example_of
@@ -89,11 +90,15 @@ def fit_svi(
     The model is deep-copied and re-initialised from ``seed``, then trained with Adam on
     mini-batches (likelihood scaled by ``N / batch_size`` through the model's data plate) while
     the learning rate decays exponentially from ``lr`` to ``lr * lr_decay``. The mean-field guide
-    uses ``TraceMeanField_ELBO`` (analytic KL terms where Pyro has them; Hoffman et al. 2013),
+    uses ``TraceMeanField_ELBO`` (analytic KL terms where Pyro has them; Hoffman et al. 2013;
+    as ``inference.elbo.MeanFieldELBO``, which skips the log densities that ELBO does not use),
     the others and models with local latents (stochastic attention, amortized guide)
-    ``Trace_ELBO``; ``num_particles > 1`` vectorizes the particles. Point-estimate
-    parameters of the model are optimised jointly (type-II MAP). Runs in its own param-store
-    scope: the global Pyro param store is never read or written.
+    ``Trace_ELBO``; ``num_particles > 1`` vectorizes the particles. Pyro's validation (model
+    and guide sites match, shapes, supports; on unless ``pyro.enable_validation(False)``)
+    checks the first evaluation, which creates the guide; the steps after it skip those checks
+    (shapes do not change between mini-batches, and non-finite values are caught each step).
+    Point-estimate parameters of the model are optimised jointly (type-II MAP). Runs in its own
+    param-store scope: the global Pyro param store is never read or written.
 
     Args:
         model: a ``PyroModule`` following the model protocol (DESIGN.md).
@@ -159,7 +164,7 @@ def fit_svi(
     batch_size = min(batch_size, n)
     # the amortized guide of local latents is not mean-field: its logits depend on the globals
     mean_field = guide == "normal" and not has_local_latents(model)
-    elbo_cls = TraceMeanField_ELBO if mean_field else Trace_ELBO
+    elbo_cls = MeanFieldELBO if mean_field else Trace_ELBO
     elbo = elbo_cls(num_particles=num_particles, vectorize_particles=num_particles > 1)
     trace: list[float] = []
     settings = dict(
@@ -247,7 +252,8 @@ def fit_svi(
                 cursor += batch_size
                 args = (train.x[idx], train.y[idx], _mask(train, idx))
                 optimizer.zero_grad(set_to_none=True)
-                loss = loss_at(step, args)
+                with pyro.validation_enabled(False):  # checked by the first, validated call
+                    loss = loss_at(step, args)
                 loss.backward()
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, math.inf)
                 value = loss.item()

@@ -90,7 +90,7 @@ RESULTS = Path(__file__).parent / "results" / "nuts_vs_numpyro.md"
 _XLA_ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 
 
-def _import_numpyro_port():
+def import_numpyro_port():
     """Limit XLA to one thread, then import JAX, NumPyro and the port (benchmark extra only)."""
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_XLA_ONE_THREAD}".strip()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -117,7 +117,8 @@ class Run:
     probs: np.ndarray  # (chain, draw, N_test, C) test predictive probabilities
 
 
-def _data(train_rows: int, test_rows: int, seed: int) -> tuple[SequenceData, SequenceData]:
+def load_data(train_rows: int, test_rows: int, seed: int) -> tuple[SequenceData, SequenceData]:
+    """The first ``train_rows`` training and ``test_rows`` test rows of the digits split."""
     splits = load("digits", seed=seed)
     return splits.train[:train_rows], splits.test[:test_rows]
 
@@ -513,12 +514,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, float]]:
     """Check the densities, run both samplers, print and write the table; return the figures."""
     args = _parse(argv)
-    port = _import_numpyro_port()
+    port = import_numpyro_port()
     import jax
     import numpyro
 
     torch.set_num_threads(1)
-    train, test = _data(args.train_rows, args.test_rows, args.seed)
+    train, test = load_data(args.train_rows, args.test_rows, args.seed)
     model = SequenceClassifier(**MODEL)
     check_rows = check_log_density(model, train, port, seed=args.seed)
     for row in check_rows:

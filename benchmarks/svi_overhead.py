@@ -262,14 +262,21 @@ def warmup_steps(steps_per_round: int) -> int:
 
 
 def time_contenders(
-    steps: dict[str, StepFn], *, rounds: int, steps_per_round: int, device: torch.device
+    steps: dict[str, StepFn],
+    *,
+    rounds: int,
+    steps_per_round: int,
+    device: torch.device,
+    warmup: int | None = None,
 ) -> dict[str, Timing]:
     """ms/step of each contender in each round, after a warm-up of every contender.
 
     Each round runs every contender for ``steps_per_round`` steps; the order rotates by one
-    contender per round.
+    contender per round. ``warmup``: untimed steps per contender first (None:
+    ``warmup_steps(steps_per_round)``).
     """
-    warmup = warmup_steps(steps_per_round)
+    if warmup is None:
+        warmup = warmup_steps(steps_per_round)
     for step in steps.values():
         for _ in range(warmup):
             step()

@@ -1,0 +1,701 @@
+"""Uncertainty quality: are the Bayesian fits' uncertainties better than the cheap alternatives?
+
+Three classification data sets, each with classes held out of training as out-of-distribution
+(OOD) inputs, built by ``datasets.load(name, val_fraction=0, holdout_classes=...)`` (training
+rows of the held-out classes are dropped, the test split keeps the other classes, and
+``meta["ood"]`` holds every row of the held-out classes, from the training and the test part;
+labels keep their numbers, so the model still has an output per class, held-out ones included):
+
+- ``digits``: scikit-learn's 8x8 digits (8 steps of 8 pixels, the library's stratified 75/25
+  split), digits 8 and 9 held out;
+- ``ArrowHead`` (UCR: 251 steps, the archive's train/test split), class ``"2"`` held out, 2 of
+  3 classes left; series are cut into patches of ``ceil(251 / 50) = 6`` consecutive values (42
+  tokens) by ``benchmarks.task_families._patch``, so attention runs over at most 50 steps;
+- ``JapaneseVowels`` (UEA: 12 channels, 7-29 steps, ragged with a mask; 9 speakers), speakers
+  8 and 9 (labels 7 and 8) held out, 7 left.
+
+Methods, one row per data set x method x seed (seeds 0, 1, 2; the fit seed is ``ctx.seed +
+seed``, the data split always ``ctx.seed``'s, so the seeds vary initialisation, mini-batches
+and predictive draws only):
+
+- ``svi-meanfield``: ``fit_svi(guide="normal")``; ``svi-lowrank``: ``guide="lowrank"``;
+- ``svi-stochastic``: mean-field SVI with stochastic attention, ``attention_prior=
+  (LogitScalePrior(), StochasticAttentionPrior(kl_weight=0.01))`` (amortized guide of the
+  logits; ``kl_weight`` 0.01 as in BENCHMARKS.md, the exact ELBO under-fits);
+- ``map``: ``fit_map``; ``mc-dropout``: ``fit_mc_dropout`` (the model's dropout 0.1 kept on at
+  prediction); ``ensemble``: ``fit_ensemble`` with 5 MAP members;
+- ``nuts``: ``fit_mcmc(kernel="nuts")`` of the small fully Bayesian model of ``probtransformer
+  fit --inference mcmc`` (``cli.mcmc_preset``: d_model 8, 2 heads, 1 layer, d_ff 16, every part
+  latent, at most 2**6 - 1 leapfrog steps per transition, log density JIT-traced) on at most 200
+  training rows (a stratified subsample, fixed by the data seed), one chain of 100 warm-up +
+  100 kept transitions.
+
+Every other method fits the same ``SequenceClassifier`` (``MODEL``: d_model 32, 4 heads, 1
+layer, d_ff 64, dropout 0.1; latent attention projections, logit scales and output head, the
+library default) with the same optimiser settings on a data set: 1,000 Adam steps at lr 1e-2
+decaying to 1e-3; batch 128 on digits, 64 on JapaneseVowels, the full 24 series on ArrowHead.
+The architecture is ``benchmarks.task_families``' UCR model. On validation parts of the
+training splits (seed 0; the test splits unused) these settings gave the SVI fits (mean-field,
+low-rank, stochastic attention) and MAP validation accuracy 0.96-1.00 on digits and
+JapaneseVowels and 0.875 (7 of 8 series) on ArrowHead;
+1,000 steps stay clear of the collapse to the prior that a converged mean-field fit shows on
+ArrowHead's few series (BENCHMARKS.md, task families).
+
+Metrics on the in-distribution test split, from the posterior predictive mean of 100 draws
+(ensemble: its 5 members; NUTS: its 100 kept draws; MAP: its one point estimate): accuracy,
+NLL (nats), ECE (15 equal-width bins), Brier score (multiclass, summed over classes), and AURC,
+the area under the risk-coverage curve when test rows are accepted in order of increasing total
+predictive entropy (``metrics.aurc``; lower is better). OOD AUROC: the test rows against every
+held-out row, scored by the total predictive entropy and by its epistemic part (the mutual
+information between label and parameters; left blank for MAP, whose single draw has none).
+``fit_seconds`` is the wall time of the fit call (NUTS: warm-up and sampling, JIT tracing
+included). Each row also records the steps or transitions actually run, sizes, the model
+config, the fit settings and, for NUTS, the sampler's divergences, tree depths and step size.
+
+Budget: each row keeps its fit to ``FIT_SHARE`` of ``ctx.budget_s`` (runner default
+``BUDGET_S``). Optimised fits time a ``PILOT_STEPS``-step pilot of the same fit (one member for
+the ensemble; after a one-step fit that absorbs the process's start-up costs) and cut the steps
+when the planned ones would not fit. NUTS times a pilot chain of ``PILOT_TRANSITIONS`` warm-up
+transitions and one draw, and cuts the kept draws (to ``MIN_NUTS_DRAWS`` at least) when every
+transition at the depth cap would not fit. ``budget_cut`` marks such rows; the pilots' set-up
+and tracing costs count as step cost, on the safe side.
+
+Run (about 40 minutes on 2 unloaded CPU cores, one torch thread; ``--quick``: digits and
+ArrowHead, seed 0, 5 steps, 3 + 3 NUTS transitions on 40 rows, about 20 s)::
+
+    python -m benchmarks.run --only quality
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+from sklearn.model_selection import train_test_split
+
+from benchmarks._pyro_gradients import count_gradients
+from benchmarks._suite import Context, budgeted_steps, fmt, mean_spread
+from benchmarks.task_families import _patch
+from probtransformer import datasets, metrics, priors
+from probtransformer.cli import mcmc_preset
+from probtransformer.datasets import SequenceData
+from probtransformer.inference import (
+    Posterior,
+    fit_ensemble,
+    fit_map,
+    fit_mc_dropout,
+    fit_mcmc,
+    fit_svi,
+)
+from probtransformer.models import SequenceClassifier
+
+NAME = "quality"
+TITLE = "Uncertainty quality: SVI and NUTS against MAP, MC dropout and deep ensembles"
+BUDGET_S = 300.0
+
+SEEDS = (0, 1, 2)
+BAYESIAN = ("svi-meanfield", "svi-lowrank", "svi-stochastic", "nuts")
+CHEAP = ("map", "mc-dropout", "ensemble")
+METHODS = BAYESIAN + CHEAP
+#: The model of every method but NUTS.
+MODEL = dict(d_model=32, num_heads=4, num_layers=1, d_ff=64, dropout=0.1)
+STOCHASTIC_KL_WEIGHT = 0.01
+ENSEMBLE_MEMBERS = 5
+#: Optimised fits: the function and its method-specific settings.
+FITS = {
+    "svi-meanfield": (fit_svi, {"guide": "normal"}),
+    "svi-lowrank": (fit_svi, {"guide": "lowrank"}),
+    "svi-stochastic": (fit_svi, {"guide": "normal"}),
+    "map": (fit_map, {}),
+    "mc-dropout": (fit_mc_dropout, {}),
+    "ensemble": (fit_ensemble, {"n_members": ENSEMBLE_MEMBERS}),
+}
+_PRESET = mcmc_preset()
+#: The small fully Bayesian model of ``probtransformer fit --inference mcmc``.
+NUTS_MODEL = {
+    k: _PRESET[k] for k in ("d_model", "num_heads", "num_layers", "d_ff", "dropout", "bayesian")
+}
+MAX_TOKENS = 50  # longer equal-length series are cut into patches (task_families)
+ECE_BINS = 15
+FIT_SHARE = 0.8  # of ctx.budget_s for the fit; the rest for the pilot and the predictions
+PILOT_STEPS = 50
+PILOT_TRANSITIONS = 10  # warm-up transitions of the NUTS pilot chain (plus one draw)
+MIN_NUTS_DRAWS = 10  # kept draws however tight the budget
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A data set's held-out classes and the optimiser settings of all its non-NUTS methods.
+
+    Attributes:
+        holdout: label numbers held out of training (the OOD classes).
+        num_steps: Adam steps.
+        lr: initial learning rate.
+        lr_decay: final learning rate as a fraction of ``lr`` (exponential decay).
+        batch_size: sequences per step; None: the whole training split.
+    """
+
+    holdout: tuple[int, ...]
+    num_steps: int = 1000
+    lr: float = 1e-2
+    lr_decay: float = 0.1
+    batch_size: int | None = None
+
+
+SETUPS = {
+    "digits": Setup((8, 9), batch_size=128),
+    "ArrowHead": Setup((2,)),
+    "JapaneseVowels": Setup((7, 8), batch_size=64),
+}
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How big a run is; ``QUICK`` shrinks everything for a smoke run.
+
+    Attributes:
+        datasets: the data sets measured.
+        seeds: the seeds measured.
+        num_steps: optimiser steps (None: each ``Setup``'s).
+        draws: predictive draws of SVI and MC dropout.
+        rows: None, or a stratified subsample of this many rows of each split.
+        nuts_train: training rows of NUTS at most (a stratified subsample).
+        nuts_warmup: NUTS warm-up transitions.
+        nuts_draws: NUTS kept transitions (its predictive draws).
+        max_tree_depth: NUTS doublings per transition at most.
+    """
+
+    datasets: tuple[str, ...] = tuple(SETUPS)
+    seeds: tuple[int, ...] = SEEDS
+    num_steps: int | None = None
+    draws: int = 100
+    rows: int | None = None
+    nuts_train: int = _PRESET["num_train"]
+    nuts_warmup: int = 100
+    nuts_draws: int = 100
+    max_tree_depth: int = _PRESET["max_tree_depth"]
+
+
+FULL = Sizes()
+QUICK = Sizes(
+    datasets=("digits", "ArrowHead"),
+    seeds=SEEDS[:1],
+    num_steps=5,
+    draws=10,
+    rows=40,
+    nuts_train=40,
+    nuts_warmup=3,
+    nuts_draws=3,
+    max_tree_depth=3,
+)
+
+#: Table columns: row key, header, decimals, True if higher is better.
+COLUMNS = (
+    ("accuracy", "accuracy", 3, True),
+    ("nll", "NLL", 3, False),
+    ("ece", "ECE", 3, False),
+    ("brier", "Brier", 3, False),
+    ("auroc_entropy", "OOD AUROC, entropy", 3, True),
+    ("auroc_epistemic", "OOD AUROC, epistemic", 3, True),
+    ("aurc", "AURC", 3, False),
+    ("fit_seconds", "fit s", 0, False),
+)
+#: The metrics on which the reading compares the Bayesian methods with the cheap ones.
+VERDICT = ("nll", "ece", "brier", "auroc_entropy", "aurc")
+
+
+@dataclass(frozen=True)
+class Splits:
+    """One data set ready to fit: patched splits and what they are."""
+
+    train: SequenceData
+    test: SequenceData
+    ood: SequenceData
+    patch: int
+    class_names: list[str]
+
+
+def row_keys(ctx: Context) -> list[str]:
+    """``dataset/method/seed`` for every data set, method and seed (quick: fewer, see QUICK)."""
+    sizes = QUICK if ctx.quick else FULL
+    return [f"{d}/{m}/{s}" for d in sizes.datasets for m in METHODS for s in sizes.seeds]
+
+
+# ---------------------------------------------------------------------------------------------
+# data and models
+# ---------------------------------------------------------------------------------------------
+
+
+def stratified(data: SequenceData, n: int | None, seed: int) -> SequenceData:
+    """``n`` rows of ``data`` drawn stratified by label, in their original order (all rows
+    when ``n`` is None or not smaller)."""
+    if n is None or len(data) <= n:
+        return data
+    keep, _ = train_test_split(
+        np.arange(len(data)), train_size=n, stratify=data.y.numpy(), random_state=seed
+    )
+    return data[torch.from_numpy(np.sort(keep))]
+
+
+@functools.lru_cache(maxsize=3)
+def load_splits(name: str, seed: int, rows: int | None) -> Splits:
+    """Train, test and OOD rows of ``name`` (split by ``seed``), patched when longer than
+    ``MAX_TOKENS`` steps; ``rows``: a stratified subsample of each (quick runs)."""
+    splits = datasets.load(name, seed=seed, val_fraction=0.0, holdout_classes=SETUPS[name].holdout)
+    length = splits.train.x.shape[1]
+    patch = math.ceil(length / MAX_TOKENS) if splits.train.mask is None else 1
+    train, test, ood = (
+        stratified(_patch(part, patch), rows, seed)
+        for part in (splits.train, splits.test, splits.meta["ood"])
+    )
+    return Splits(train, test, ood, patch, [str(c) for c in splits.meta["class_names"]])
+
+
+def classifier(method: str, train: SequenceData, num_classes: int) -> SequenceClassifier:
+    """The model ``method`` fits: ``NUTS_MODEL`` for NUTS, otherwise ``MODEL`` (with stochastic
+    attention for ``svi-stochastic``)."""
+    options = dict(NUTS_MODEL) if method == "nuts" else dict(MODEL)
+    if method == "svi-stochastic":
+        options["attention_prior"] = (
+            priors.LogitScalePrior(),
+            priors.StochasticAttentionPrior(kl_weight=STOCHASTIC_KL_WEIGHT),
+        )
+    return SequenceClassifier(train.x.shape[2], num_classes, train.x.shape[1], **options)
+
+
+# ---------------------------------------------------------------------------------------------
+# fits
+# ---------------------------------------------------------------------------------------------
+
+
+def fit_optimised(
+    method: str, model, train: SequenceData, setup: Setup, sizes: Sizes, seed: int, ctx: Context
+) -> tuple[Posterior, dict]:
+    """SVI, MAP, MC dropout or the ensemble; steps cut by a timed pilot to fit the budget."""
+    fit, specific = FITS[method]
+    settings = dict(
+        batch_size=setup.batch_size or len(train),
+        lr=setup.lr,
+        lr_decay=setup.lr_decay,
+        device=ctx.device,
+        seed=seed,
+        progress=False,
+    )
+    planned = sizes.num_steps or setup.num_steps
+    num_steps, step_seconds = planned, None
+    if planned > PILOT_STEPS:
+        members = specific.get("n_members", 1)
+        pilot = {**specific, "n_members": 1} if method == "ensemble" else specific
+        fit(model, train, num_steps=1, **pilot, **settings)  # absorbs one-off start-up costs
+        start = time.perf_counter()
+        fit(model, train, num_steps=PILOT_STEPS, **pilot, **settings)
+        # seconds per step of the whole fit (all members); per-fit set-up included
+        step_seconds = members * (time.perf_counter() - start) / PILOT_STEPS
+        num_steps = budgeted_steps(
+            step_seconds, FIT_SHARE * ctx.budget_s, max_steps=planned, min_steps=1
+        )
+    start = time.perf_counter()
+    post = fit(model, train, num_steps=num_steps, **specific, **settings)
+    fit_seconds = time.perf_counter() - start
+    elbo = post.record.get("elbo")  # the ensemble keeps its members' final losses instead
+    tenth = None if elbo is None else elbo[-max(len(elbo) // 10, 1) :]
+    return post, {
+        "fit_seconds": fit_seconds,
+        "num_steps": num_steps,
+        "planned_steps": planned,
+        "budget_cut": num_steps < planned,
+        "pilot_step_seconds": step_seconds,
+        "objective_last_tenth": None if tenth is None else float(np.mean(tenth)),
+        "settings": {**specific, **settings, "num_steps": num_steps},
+    }
+
+
+def fit_nuts(
+    model, train: SequenceData, sizes: Sizes, seed: int, ctx: Context
+) -> tuple[Posterior, dict]:
+    """NUTS on the small fully Bayesian model; kept draws cut by a timed pilot chain so that
+    every transition at the depth cap would fit the budget."""
+    settings = dict(
+        num_chains=1,
+        max_tree_depth=sizes.max_tree_depth,
+        jit_compile=True,
+        device=ctx.device,
+        seed=seed,
+        progress=False,
+    )
+    with warnings.catch_warnings():  # the pilot and quick runs warm up briefly, on purpose
+        warnings.filterwarnings("ignore", message="num_warmup=.* is short")
+        start = time.perf_counter()
+        with count_gradients() as gradients:
+            fit_mcmc(model, train, num_warmup=PILOT_TRANSITIONS, num_samples=1, **settings)
+        gradient_seconds = (time.perf_counter() - start) / gradients[0]  # tracing included
+        worst_transition = gradient_seconds * (2**sizes.max_tree_depth - 1)
+        transitions = budgeted_steps(
+            worst_transition,
+            FIT_SHARE * ctx.budget_s,
+            max_steps=sizes.nuts_warmup + sizes.nuts_draws,
+            min_steps=sizes.nuts_warmup + min(sizes.nuts_draws, MIN_NUTS_DRAWS),
+        )
+        num_draws = transitions - sizes.nuts_warmup
+        start = time.perf_counter()
+        post = fit_mcmc(
+            model, train, num_warmup=sizes.nuts_warmup, num_samples=num_draws, **settings
+        )
+    fit_seconds = time.perf_counter() - start
+    stats = {k: np.asarray(v) for k, v in post.record["sample_stats"].items()}
+    return post, {
+        "fit_seconds": fit_seconds,
+        "num_draws": num_draws,
+        "planned_draws": sizes.nuts_draws,
+        "budget_cut": num_draws < sizes.nuts_draws,
+        "pilot_gradient_seconds": gradient_seconds,
+        "divergences": int(stats["diverging"].sum()),
+        "mean_tree_depth": float(stats["tree_depth"].mean()),
+        "share_at_max_depth": float((stats["tree_depth"] >= sizes.max_tree_depth).mean()),
+        "leapfrog_steps_sampling": int(stats["n_steps"].sum()),
+        "mean_acceptance": float(stats["acceptance_rate"].mean()),
+        "step_size": float(stats["step_size"].mean()),
+        "settings": {**settings, "num_warmup": sizes.nuts_warmup, "num_samples": num_draws},
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# rows
+# ---------------------------------------------------------------------------------------------
+
+
+def evaluate(
+    post: Posterior, test: SequenceData, ood: SequenceData, draws: int | None, seed: int
+) -> dict:
+    """Test-split scores of the posterior predictive from ``draws`` draws (None: every draw)
+    and OOD AUROC against ``ood``."""
+    pred_in = post.predict(test.x, test.mask, num_samples=draws, seed=seed)
+    pred_out = post.predict(ood.x, ood.mask, num_samples=draws, seed=seed)
+    probs = pred_in.mean
+    num_draws = pred_in.probs.shape[0]
+    return {
+        "accuracy": metrics.accuracy(probs, test.y),
+        "nll": metrics.nll(probs, test.y),
+        "ece": metrics.ece(probs, test.y, n_bins=ECE_BINS, strategy="uniform"),
+        "brier": metrics.brier(probs, test.y),
+        "auroc_entropy": metrics.ood_auroc(pred_in.entropy, pred_out.entropy),
+        "auroc_epistemic": (
+            metrics.ood_auroc(pred_in.epistemic, pred_out.epistemic) if num_draws > 1 else None
+        ),
+        "aurc": metrics.aurc(pred_in.entropy, probs.argmax(-1) == test.y),
+        "predictive_draws": num_draws,
+    }
+
+
+def run_row(key: str, ctx: Context) -> dict:
+    """Fit one method on one data set with one seed and score it (see the module docstring)."""
+    name, method, seed = key.split("/")
+    sizes = QUICK if ctx.quick else FULL
+    data = load_splits(name, ctx.seed, sizes.rows)
+    fit_seed = ctx.seed + int(seed)
+    train = stratified(data.train, sizes.nuts_train, ctx.seed) if method == "nuts" else data.train
+    model = classifier(method, train, len(data.class_names))
+    if method == "nuts":
+        post, fit = fit_nuts(model, train, sizes, fit_seed, ctx)
+    else:
+        post, fit = fit_optimised(method, model, train, SETUPS[name], sizes, fit_seed, ctx)
+    draws = None if method in ("nuts", "ensemble") else sizes.draws  # None: every draw
+    start = time.perf_counter()
+    scores = evaluate(post, data.test, data.ood, draws, fit_seed)
+    return {
+        "dataset": name,
+        "method": method,
+        "seed": int(seed),
+        "fit_seed": fit_seed,
+        **scores,
+        **fit,
+        "predict_seconds": time.perf_counter() - start,
+        "num_train": len(train),
+        "num_test": len(data.test),
+        "num_ood": len(data.ood),
+        "holdout_classes": [data.class_names[c] for c in SETUPS[name].holdout],
+        "patch": data.patch,
+        "tokens": train.x.shape[1],
+        "config": model.config,
+        "data_seed": ctx.seed,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# tables, reading, plot
+# ---------------------------------------------------------------------------------------------
+
+
+def _groups(rows: dict[str, dict], ctx: Context) -> dict[str, dict[str, list[dict]]]:
+    """``{dataset: {method: [rows over seeds]}}`` in ``row_keys`` order, measured rows only."""
+    groups: dict[str, dict[str, list[dict]]] = {}
+    for key in row_keys(ctx):
+        if key in rows:
+            row = rows[key]
+            groups.setdefault(row["dataset"], {}).setdefault(row["method"], []).append(row)
+    return groups
+
+
+def _values(group: list[dict], key: str) -> list[float]:
+    return [row[key] for row in group if row.get(key) is not None]
+
+
+def _mean(group: list[dict], key: str) -> float | None:
+    values = _values(group, key)
+    return float(np.mean(values)) if values else None
+
+
+def _sd(group: list[dict], key: str) -> float:
+    values = _values(group, key)
+    return float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+
+
+def _best(methods: dict[str, list[dict]], key: str, higher: bool, names=METHODS) -> str | None:
+    """The method of ``names`` with the best mean of ``key`` (None when none has one)."""
+    means = {m: _mean(methods[m], key) for m in names if m in methods}
+    means = {m: v for m, v in means.items() if v is not None}
+    if not means:
+        return None
+    return (max if higher else min)(means, key=means.get)
+
+
+def _setting_line(name: str, methods: dict[str, list[dict]]) -> str:
+    """What the data set's rows ran: sizes, held-out classes, fit settings."""
+    optimised = next((g[0] for m, g in methods.items() if m != "nuts"), None)
+    any_row = next(iter(methods.values()))[0]
+    held_out = any_row["holdout_classes"]
+    parts = [
+        f"**{name}**: class{'es' if len(held_out) > 1 else ''} {', '.join(held_out)} held out; "
+        f"{any_row['num_test']:,} test / {any_row['num_ood']:,} OOD rows"
+    ]
+    if any_row["patch"] > 1:
+        parts.append(f"patches of {any_row['patch']} steps ({any_row['tokens']} tokens)")
+    if optimised is not None:
+        s = optimised["settings"]
+        parts.append(
+            f"{optimised['num_train']:,} training rows, {optimised['planned_steps']:,} steps of "
+            f"batch {s['batch_size']} at lr {s['lr']:g} (decaying to {s['lr'] * s['lr_decay']:g})"
+        )
+    if "nuts" in methods:
+        n = methods["nuts"][0]
+        parts.append(
+            f"NUTS: {n['num_train']} training rows, 1 chain of {n['settings']['num_warmup']} + "
+            f"{n['planned_draws']} transitions, tree depth <= {n['settings']['max_tree_depth']}"
+        )
+    return "; ".join(parts) + "."
+
+
+def _table(methods: dict[str, list[dict]]) -> list[str]:
+    """Mean ± sd over seeds per method; the best mean of each column in bold."""
+    lines = [
+        "| method | " + " | ".join(title for _, title, _, _ in COLUMNS) + " | seeds |",
+        "|---|" + "---:|" * (len(COLUMNS) + 1),
+    ]
+    best = {}
+    for key, _, digits, higher in COLUMNS:
+        winner = _best(methods, key, higher)
+        best[key] = None if winner is None else round(_mean(methods[winner], key), digits)
+    for method, group in methods.items():
+        cells = []
+        for key, _, digits, _ in COLUMNS:
+            text = mean_spread(_values(group, key), digits)
+            mean = _mean(group, key)
+            if mean is not None and len(methods) > 1 and round(mean, digits) == best[key]:
+                text = f"**{text}**"
+            cells.append(text)
+        lines.append(f"| {method} | " + " | ".join(cells) + f" | {len(group)} |")
+    return lines
+
+
+def _verdict(groups: dict[str, dict[str, list[dict]]]) -> str | None:
+    """Best Bayesian method against best cheap one, per data set and ``VERDICT`` metric. A lead
+    is clear when it exceeds the larger sd over seeds of the two (both need 2+ seeds)."""
+    columns = {key: (title, up) for key, title, _, up in COLUMNS}
+    ahead = {"Bayesian": 0, "cheap": 0}
+    clear: dict[str, list[str]] = {"Bayesian": [], "cheap": []}
+    compared = 0
+    for name, methods in groups.items():
+        for key in VERDICT:
+            title, higher = columns[key]
+            bayes = _best(methods, key, higher, BAYESIAN)
+            cheap = _best(methods, key, higher, CHEAP)
+            if bayes is None or cheap is None:
+                continue
+            compared += 1
+            b, c = _mean(methods[bayes], key), _mean(methods[cheap], key)
+            if b == c:
+                continue
+            bayes_ahead = (b > c) == higher
+            side = "Bayesian" if bayes_ahead else "cheap"
+            win, lose = (bayes, cheap) if bayes_ahead else (cheap, bayes)
+            ahead[side] += 1
+            pair = (methods[bayes], methods[cheap])
+            seeded = all(len(_values(group, key)) > 1 for group in pair)
+            if seeded and abs(b - c) > max(_sd(group, key) for group in pair):
+                clear[side].append(
+                    f"{name} {title} {win} {fmt(_mean(methods[win], key))} vs {lose} "
+                    f"{fmt(_mean(methods[lose], key))}"
+                )
+    if not compared:
+        return None
+    parts = [
+        f"the {side} one is ahead in {ahead[side]}, clearly in {len(clear[side])}"
+        + (f" ({'; '.join(clear[side])})" if clear[side] else "")
+        for side in ahead
+    ]
+    return (
+        "- **Bayesian vs cheap.** The best Bayesian method (SVI, NUTS) against the best cheap "
+        "one (MAP, MC dropout, ensemble) on NLL, ECE, Brier, OOD AUROC by entropy and AURC, "
+        f"{compared} comparisons (data set x metric; clearly: by more than the larger sd over "
+        f"seeds of the two): {'; '.join(parts)}."
+    )
+
+
+def _reading(groups: dict[str, dict[str, list[dict]]]) -> list[str]:
+    """Statements computed from the rows (each only where its rows exist)."""
+    lines = []
+    verdict = _verdict(groups)
+    if verdict:
+        lines.append(verdict)
+    best = []
+    for name, methods in groups.items():
+        nll, auroc = _best(methods, "nll", False), _best(methods, "auroc_entropy", True)
+        best.append(
+            f"{name}: NLL {nll} ({fmt(_mean(methods[nll], 'nll'))}), OOD AUROC {auroc} "
+            f"({fmt(_mean(methods[auroc], 'auroc_entropy'))})"
+        )
+    lines.append("- **Best per data set.** " + "; ".join(best) + ".")
+    pairs = [
+        (name, method)
+        for name, methods in groups.items()
+        for method, group in methods.items()
+        if _mean(group, "auroc_epistemic") is not None
+    ]
+    if pairs:
+        better = [
+            f"{name} {method}"
+            for name, method in pairs
+            if _mean(groups[name][method], "auroc_epistemic")
+            > _mean(groups[name][method], "auroc_entropy")
+        ]
+        lines.append(
+            f"- **Epistemic part vs total entropy as OOD score.** The epistemic part is the "
+            f"better score in {len(better)} of {len(pairs)} (data set, method) pairs"
+            + (f" ({', '.join(better)})" if better else "")
+            + "; MAP has no epistemic part (one draw)."
+        )
+    ratios = {}
+    for methods in groups.values():
+        if "map" in methods:
+            for method, group in methods.items():
+                ratios.setdefault(method, []).append(
+                    _mean(group, "fit_seconds") / _mean(methods["map"], "fit_seconds")
+                )
+    if len(ratios) > 1:
+        lines.append(
+            "- **Cost.** Fit seconds relative to MAP on the same data set, mean over data sets: "
+            + ", ".join(f"{m} {np.mean(r):.1f}x" for m, r in ratios.items() if m != "map")
+            + "."
+        )
+    nuts = [row for methods in groups.values() for row in methods.get("nuts", [])]
+    if nuts:
+        depth = max(row["settings"]["max_tree_depth"] for row in nuts)
+        at_cap = np.mean([row["share_at_max_depth"] for row in nuts])
+        gaps = [
+            f"{name} {fmt(_mean(m['nuts'], 'accuracy'))} vs {fmt(_mean(m['map'], 'accuracy'))}"
+            for name, m in groups.items()
+            if "nuts" in m and "map" in m
+        ]
+        lines.append(
+            f"- **NUTS** runs a smaller model (d_model {NUTS_MODEL['d_model']}, every part latent) "
+            f"on at most {max(row['num_train'] for row in nuts)} training rows: {at_cap:.0%} of "
+            f"its kept transitions hit the tree-depth cap ({depth}), with "
+            f"{sum(row['divergences'] for row in nuts)} divergences over {len(nuts)} rows"
+            + (f"; test accuracy against MAP: {'; '.join(gaps)}" if gaps else "")
+            + "."
+        )
+    cut = [
+        f"{row['dataset']}/{row['method']}/{row['seed']}"
+        for methods in groups.values()
+        for group in methods.values()
+        for row in group
+        if row["budget_cut"]
+    ]
+    if cut:
+        lines.append(
+            f"- Cut short by the time budget (fewer steps or draws than planned): {', '.join(cut)}."
+        )
+    return lines
+
+
+def markdown(rows: dict[str, dict], ctx: Context) -> str:
+    """One table per data set (mean ± sd over seeds, best mean in bold) and the reading."""
+    groups = _groups(rows, ctx)
+    sizes = QUICK if ctx.quick else FULL
+    out = [
+        "Are the Bayesian fits' uncertainties better than the cheap alternatives? Classes held "
+        "out of training are the OOD inputs. Mean ± sd over seeds; best mean of each column in "
+        f"bold. NLL in nats; ECE with {ECE_BINS} equal-width bins; AURC: area under the "
+        "risk-coverage "
+        "curve, test rows accepted by increasing predictive entropy (lower is better); OOD "
+        "AUROC: test rows against held-out rows, scored by total predictive entropy or its "
+        f"epistemic part (mutual information). Predictions from {sizes.draws} draws (ensemble: "
+        f"{ENSEMBLE_MEMBERS} members; NUTS: its kept draws; MAP: one). Every method but NUTS "
+        "fits the same classifier "
+        f"(d_model {MODEL['d_model']}, {MODEL['num_heads']} heads, {MODEL['num_layers']} layer, "
+        f"d_ff {MODEL['d_ff']}, dropout {MODEL['dropout']}); `svi-stochastic` adds stochastic "
+        f"attention (kl_weight {STOCHASTIC_KL_WEIGHT}). `benchmarks/quality.py` documents the "
+        "details.",
+        "",
+    ]
+    for name, methods in groups.items():
+        out += [_setting_line(name, methods), "", *_table(methods), ""]
+    if groups:
+        out += _reading(groups)
+    missing: dict[str, list[str]] = {}  # "dataset/method": seeds not measured
+    for key in row_keys(ctx):
+        if key not in rows:
+            prefix, seed = key.rsplit("/", 1)
+            missing.setdefault(prefix, []).append(seed)
+    if missing:
+        listed = ", ".join(f"{p} (seed {', '.join(s)})" for p, s in missing.items())
+        out += ["", f"Not measured yet: {listed}; `python -m benchmarks.run --only {NAME}`."]
+    return "\n".join(out)
+
+
+def plot(rows: dict[str, dict], ctx: Context) -> list[Path]:
+    """OOD AUROC (entropy) against NLL per method, one panel per data set, seed sd as bars."""
+    groups = _groups(rows, ctx)
+    if not groups:
+        return []
+    fig = Figure(figsize=(4 * len(groups), 3.8), layout="constrained")
+    axes = fig.subplots(1, len(groups), squeeze=False)[0]
+    markers = dict(zip(METHODS, "os^DvPX", strict=True))
+    for ax, (name, methods) in zip(axes, groups.items(), strict=True):
+        for method, group in methods.items():
+            ax.errorbar(
+                _mean(group, "nll"),
+                _mean(group, "auroc_entropy"),
+                xerr=_sd(group, "nll"),
+                yerr=_sd(group, "auroc_entropy"),
+                marker=markers[method],
+                linestyle="none",
+                capsize=3,
+                label=method,
+            )
+        ax.set_xscale("log")
+        ax.set_xlabel("test NLL (nats, log scale)")
+        ax.set_ylabel("OOD AUROC, predictive entropy")
+        ax.set_title(name)
+    axes[0].legend(fontsize="small")
+    path = ctx.cache(NAME).with_suffix(".png")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    return [path]

@@ -65,8 +65,20 @@ def budgeted_steps(step_seconds: float, budget_s: float, *, max_steps: int, min_
 
 
 def load_rows(cache: Path) -> dict[str, dict]:
-    """Cached rows of one section, ``{}`` when there are none yet."""
-    return json.loads(cache.read_text()) if cache.exists() else {}
+    """Cached rows of one section, ``{}`` when there are none yet.
+
+    Raises:
+        ValueError: the file is not a JSON object of rows (it names the file and the fix).
+    """
+    if not cache.exists():
+        return {}
+    try:
+        rows = json.loads(cache.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{cache} is not valid JSON ({e}): delete it to remeasure") from e
+    if not isinstance(rows, dict) or not all(isinstance(r, dict) for r in rows.values()):
+        raise ValueError(f"{cache} must hold a JSON object of rows: delete it to remeasure")
+    return rows
 
 
 def store(cache: Path, key: str, row: dict) -> dict[str, dict]:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import os
 import sys
 import time
@@ -68,22 +69,45 @@ def _selected(full_key: str, only: Sequence[str]) -> bool:
 
 
 def run_rows(ctx: _suite.Context, only: Sequence[str], *, force: bool) -> list[str]:
-    """Measure every selected row not yet cached; returns the keys of rows that failed."""
-    failures = []
-    sections = CUDA_SECTIONS if ctx.device == "cuda" else SECTIONS
-    for name in sections:
+    """Measure every selected row not yet cached; returns the keys of rows that failed.
+
+    Raises:
+        KeyboardInterrupt: after reporting how many rows this run finished (all kept).
+    """
+    failures, done, matched = [], 0, set()
+    for name in CUDA_SECTIONS if ctx.device == "cuda" else SECTIONS:
         module = section_module(name)
         row_ctx = replace(ctx, budget_s=ctx.budget_s or getattr(module, "BUDGET_S", 300.0))
         cache = ctx.cache(name)
-        cached = _suite.load_rows(cache)
-        for key in module.row_keys(row_ctx):
-            full = f"{name}/{key}"
-            if not _selected(full, only) or (key in cached and not force):
+        keys = [k for k in module.row_keys(row_ctx) if _selected(f"{name}/{k}", only)]
+        matched.update(o for o in only for k in keys if _selected(f"{name}/{k}", [o]))
+        if not keys:
+            continue
+        try:
+            cached = _suite.load_rows(cache)
+        except ValueError as e:
+            failures.append(name)
+            print(f"{name}: skipped: {e}", file=sys.stderr, flush=True)
+            continue
+        skipped = [k for k in keys if k in cached and not force]
+        if skipped:
+            print(f"{name}: {len(skipped)} cached row(s) kept (--force remeasures)", flush=True)
+        for key in keys:
+            if key in skipped:
                 continue
+            full = f"{name}/{key}"
             print(f"{full} ...", flush=True)
             start = time.perf_counter()
             try:
                 row = module.run_row(key, row_ctx)
+            except KeyboardInterrupt:
+                print(
+                    f"interrupted during {full}; the {done} row(s) finished in this run are "
+                    "cached: rerun the same command to continue",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                raise
             except Exception:  # one broken row must not lose the others
                 failures.append(full)
                 print(f"{full}: FAILED\n{traceback.format_exc()}", file=sys.stderr, flush=True)
@@ -91,7 +115,16 @@ def run_rows(ctx: _suite.Context, only: Sequence[str], *, force: bool) -> list[s
             row.update(_suite.provenance(), seconds_total=time.perf_counter() - start)
             row["command"] = _command(full, ctx)
             cached = _suite.store(cache, key, row)
+            done += 1
             print(f"{full}: {row['seconds_total']:.0f} s", flush=True)
+    unmatched = [o for o in only if o not in matched]
+    if unmatched:
+        print(
+            f"--only {' '.join(unmatched)}: no row of the {ctx.device} sections has such a key "
+            "(keys look like speed/d64-T32, quality/digits/map/0, claims/lm/base/1)",
+            file=sys.stderr,
+        )
+        failures += unmatched
     return failures
 
 
@@ -101,11 +134,23 @@ def _command(full_key: str, ctx: _suite.Context) -> str:
         parts.append("--quick")
     if ctx.device != "cpu":
         parts += ["--device", ctx.device]
+    if ctx.budget_s:
+        parts += ["--budget", f"{ctx.budget_s:g}"]
+    if torch.get_num_threads() != 1:
+        parts += ["--threads", str(torch.get_num_threads())]
+    if ctx.results.resolve() != _default_results(ctx.quick).resolve():
+        parts += ["--results", str(ctx.results)]
     return " ".join(parts)
 
 
+def _default_results(quick: bool) -> Path:
+    return _suite.RESULTS / "quick" if quick else _suite.RESULTS
+
+
 def render(ctx: _suite.Context, md_path: Path) -> str:
-    """The generated block: every section's tables and plots from its cached rows."""
+    """The generated block: every section's tables and plots from its cached rows (CPU rows;
+    the CUDA rows in their own part)."""
+    ctx = replace(ctx, device="cpu")
     lines = [
         BEGIN,
         "## Benchmark suite (`python -m benchmarks.run`)",
@@ -118,31 +163,45 @@ def render(ctx: _suite.Context, md_path: Path) -> str:
         "",
     ]
     for name in SECTIONS:
-        module = section_module(name)
-        rows = _suite.load_rows(ctx.cache(name))
-        lines += [f"### {module.TITLE}", ""]
-        if not rows:
-            lines += [f"Not measured yet: `python -m benchmarks.run --only {name}`.", ""]
-            continue
-        lines += [module.markdown(rows, ctx).rstrip(), ""]
-        for plot in getattr(module, "plot", lambda rows, ctx: [])(rows, ctx):
-            lines += [f"![{module.TITLE}]({_relative(Path(plot), md_path)})", ""]
-    lines += ["### GPU (`--device cuda`)", ""]
-    cuda_ctx = replace(ctx, device="cuda")
-    cuda_rows = {n: _suite.load_rows(cuda_ctx.cache(n)) for n in CUDA_SECTIONS}
-    if not any(cuda_rows.values()):
-        lines += [
-            "Not measured: no CUDA machine was available to the runs so far. On one, "
-            "`python -m benchmarks.run --device cuda` fills this part (speed and predictive "
-            "rows on the GPU).",
+        title = section_module(name).TITLE
+        lines += [f"### {title}", ""]
+        lines += _section_lines(name, ctx, md_path) or [
+            f"Not measured yet: `python -m benchmarks.run --only {name}`.",
             "",
         ]
-    for name, rows in cuda_rows.items():
-        if rows:
-            module = section_module(name)
-            lines += [f"#### {module.TITLE} (CUDA)", "", module.markdown(rows, cuda_ctx), ""]
+    lines += ["### GPU (`--device cuda`)", ""]
+    cuda_ctx = replace(ctx, device="cuda")
+    cuda = []
+    for name in CUDA_SECTIONS:
+        part = _section_lines(name, cuda_ctx, md_path, plots=False)
+        if part:
+            cuda += [f"#### {section_module(name).TITLE} (CUDA)", "", *part]
+    lines += cuda or [
+        "Not measured: no CUDA machine was available to the runs so far. On one, "
+        "`python -m benchmarks.run --device cuda` fills this part (speed and predictive rows "
+        "on the GPU).",
+        "",
+    ]
     lines.append(END)
     return "\n".join(lines) + "\n"
+
+
+def _section_lines(
+    name: str, ctx: _suite.Context, md_path: Path, *, plots: bool = True
+) -> list[str]:
+    """Markdown lines of one section from its cache; [] when it has no rows."""
+    module, cache = section_module(name), ctx.cache(name)
+    try:
+        rows = _suite.load_rows(cache)
+        if not rows:
+            return []
+        lines = [module.markdown(rows, ctx).rstrip(), ""]
+        for plot in getattr(module, "plot", lambda rows, ctx: [])(rows, ctx) if plots else []:
+            lines += [f"![{module.TITLE}]({_relative(Path(plot), md_path)})", ""]
+        return lines
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        print(f"{name}: cannot render {cache}: {e!r}", file=sys.stderr)
+        return [f"Cannot be rendered from `{cache.name}` ({type(e).__name__}: {e}).", ""]
 
 
 def _relative(path: Path, md_path: Path) -> str:
@@ -152,7 +211,12 @@ def _relative(path: Path, md_path: Path) -> str:
 def write_markdown(block: str, md_path: Path) -> None:
     """Put ``block`` between the markers of ``md_path`` (appended when it has none)."""
     text = md_path.read_text() if md_path.exists() else "# probtransformer benchmarks\n"
-    if BEGIN in text and END in text:
+    if (BEGIN in text) != (END in text) or text.count(BEGIN) > 1:
+        raise ValueError(
+            f"{md_path} must hold the generated block's two markers once each ({BEGIN!r} ... "
+            f"{END!r}), or neither; fix them by hand: the text around them is kept"
+        )
+    if BEGIN in text:
         head, rest = text.split(BEGIN, 1)
         tail = rest.split(END, 1)[1]
         text = head + block.rstrip("\n") + tail
@@ -178,11 +242,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--budget", type=float, default=None, help="seconds per row (default: per section)"
     )
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument(
         "--results",
-        type=Path,
         default=None,
         help="directory of caches, tables and plots (default benchmarks/results, "
         "benchmarks/results/quick with --quick); not the default: BENCHMARKS.md written there",
@@ -191,10 +253,24 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     unknown = [o for o in args.only if o.split("/")[0] not in SECTIONS]
     if unknown:
         parser.error(f"--only names unknown sections {unknown}; sections are {list(SECTIONS)}")
-    if args.budget is not None and args.budget <= 0:
-        parser.error(f"--budget must be > 0 seconds, got {args.budget}")
+    if args.budget is not None and not 0 < args.budget < math.inf:
+        parser.error(f"--budget must be a finite number of seconds > 0, got {args.budget}")
     if args.threads < 1:
         parser.error(f"--threads must be >= 1, got {args.threads}")
+    if args.threads > (os.cpu_count() or 1):
+        print(
+            f"warning: --threads {args.threads} exceeds the {os.cpu_count()} CPUs", file=sys.stderr
+        )
+    if args.device == "cuda":
+        cpu_only = [o for o in args.only if o.split("/")[0] not in CUDA_SECTIONS]
+        if cpu_only:
+            parser.error(
+                f"--device cuda measures {list(CUDA_SECTIONS)} only, got --only {cpu_only}"
+            )
+    if args.results is not None:
+        if not args.results.strip():
+            parser.error("--results must name a directory, got ''")
+        args.results = Path(args.results)
     return args
 
 
@@ -207,20 +283,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     torch.set_num_threads(args.threads)
-    default = _suite.RESULTS / "quick" if args.quick else _suite.RESULTS
-    results = args.results or default
+    results = args.results or _default_results(args.quick)
+    try:
+        results.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        print(f"error: --results {results}: cannot create the directory ({e})", file=sys.stderr)
+        return 2
     ctx = _suite.Context(
-        quick=args.quick,
-        device=args.device,
-        budget_s=args.budget or 0.0,
-        seed=args.seed,
-        results=results,
+        quick=args.quick, device=args.device, budget_s=args.budget or 0.0, results=results
     )
-    results.mkdir(parents=True, exist_ok=True)
-    failures = run_rows(ctx, args.only, force=args.force)
-    md_path = MARKDOWN if results == _suite.RESULTS else results / "BENCHMARKS.md"
-    write_markdown(render(ctx, md_path), md_path)
+    md_path = (
+        MARKDOWN if results.resolve() == _suite.RESULTS.resolve() else results / "BENCHMARKS.md"
+    )
+    try:
+        failures = run_rows(ctx, args.only, force=args.force)
+    except KeyboardInterrupt:
+        failures = None
+    try:
+        write_markdown(render(ctx, md_path), md_path)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     print(f"tables written to {md_path}")
+    if failures is None:
+        return 130
     if failures:
         print(f"{len(failures)} row(s) failed: {', '.join(failures)}", file=sys.stderr)
         return 1

@@ -14,7 +14,7 @@ from pyro.infer.mcmc import HMC, MCMC, NUTS
 from pyro.infer.mcmc.util import initialize_model
 from pyro.infer.reparam import LocScaleReparam
 
-from probtransformer.attention import LOCAL_LATENT
+from probtransformer.attention import LOCAL_LATENT, BayesMultiheadAttention
 from probtransformer.datasets import SequenceData
 from probtransformer.inference._runtime import (
     pyro_scope,
@@ -130,6 +130,19 @@ class RecordingNUTS(_SampleStats, NUTS):
         return tree
 
 
+def _refuse_hard_attention(model: torch.nn.Module) -> None:
+    hard = [
+        n for n, m in model.named_modules() if isinstance(m, BayesMultiheadAttention) and m.hard
+    ]
+    if hard:
+        raise ValueError(
+            f"fit_mcmc cannot sample a model with hard attention ({hard[0]}: hard_attention=True):"
+            " its log density is piecewise constant in the query and key weights and the "
+            "straight-through gradient is not its gradient, so HMC/NUTS would be invalid; use "
+            "fit_svi or fit_map"
+        )
+
+
 def fit_mcmc(
     model: torch.nn.Module,
     data: SequenceData,
@@ -205,9 +218,12 @@ def fit_mcmc(
     Raises:
         TypeError/ValueError: bad model, data or settings; data on a device other than
             ``device``; initial parameters with a non-finite log density (names the site); more
-            than ``MAX_LOCAL_SEQUENCES`` sequences for a model with local latents.
+            than ``MAX_LOCAL_SEQUENCES`` sequences for a model with local latents; a model with
+            ``hard_attention=True`` (its log density is piecewise constant in the query and key
+            weights, so HMC's gradient is wrong: fit it with ``fit_svi`` or ``fit_map``).
     """
     check_model(model)
+    _refuse_hard_attention(model)
     _check_data(model, data)
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")

@@ -32,8 +32,11 @@ from probtransformer.inference.prediction import (
 DEFAULT_BATCH_SIZE = 256
 
 #: Bytes the intermediate tensors of one forward pass of ``predict``/``attention``/
-#: ``pointwise`` may take (1 GiB): rows, and if need be draws, are split into passes to fit.
-DEFAULT_MEMORY_BUDGET = 2**30
+#: ``pointwise`` may take (256 MiB): rows, and if need be draws, are split into passes to fit.
+#: Larger passes are not faster on a CPU: 100 draws of the digits classifier on 450 rows took
+#: 4.7 s in passes of up to 1 GiB and 3.4 s of up to 256 MiB or 64 MiB (memory traffic; see
+#: ``benchmarks/predictive_cost.py``).
+DEFAULT_MEMORY_BUDGET = 2**28
 
 #: Guide draws when an export or diagnostic is not told how many (sample-based: all draws).
 DEFAULT_NUM_SAMPLES = 100
@@ -479,7 +482,7 @@ class Posterior:
                 sampled posterior).
             seed: seeds the draws; same seed, same numbers.
             batch_size: at most this many rows per forward pass.
-            memory_budget: bytes the intermediates of one forward pass may take (default 1 GiB;
+            memory_budget: bytes the intermediates of one forward pass may take (default 256 MiB;
                 None: no limit); rows and, if need be, draws are split into passes to fit.
 
         Returns:

@@ -50,7 +50,15 @@ def check_sizes(**sizes: object) -> None:
     """Raise ``ValueError`` unless every value is an int ``>= 1`` (bools refused)."""
     for name, value in sizes.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+            raise ValueError(f"{name} must be an integer >= 1, got {_value_and_type(value)}")
+
+
+def _value_and_type(value: object) -> str:
+    """``value`` for an error message, with its type when that is what is wrong (a NumPy
+    integer prints like an int)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return repr(value)
+    return f"{value!r} of type {type(value).__name__} (pass a Python int)"
 
 
 def check_sequence_inputs(
@@ -217,7 +225,12 @@ class TransformerModel(PyroModule):
         )
         check_sizes(**sizes)
         if isinstance(d_ff, bool) or not isinstance(d_ff, int) or d_ff < 0:
-            raise ValueError(f"d_ff must be an integer >= 0 (0: no feed-forward), got {d_ff!r}")
+            raise ValueError(
+                f"d_ff must be an integer >= 0 (0: no feed-forward), got {_value_and_type(d_ff)}"
+            )
+        for name, flag in (("layer_norm", layer_norm), ("hard_attention", hard_attention)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be True or False, got {flag!r}")
         sizes["d_ff"] = d_ff
         if grid is not None:
             if not (isinstance(grid, (tuple, list)) and len(grid) == 2):
@@ -234,6 +247,8 @@ class TransformerModel(PyroModule):
         parts = _parse_bayesian(bayesian)
         if "norm" in parts and not layer_norm:
             raise ValueError("bayesian includes 'norm', but layer_norm=False drops LayerNorm")
+        if "ffn" in parts and not d_ff:
+            raise ValueError("bayesian includes 'ffn', but d_ff=0 drops the feed-forward layers")
         self.in_features = in_features
         self.vocab_size = vocab_size
         self.max_len = max_len

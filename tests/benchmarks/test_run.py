@@ -72,3 +72,33 @@ def test_store_keeps_rows_written_by_another_process(tmp_path):
     assert set(rows) == {"a", "b", "c"}
     assert _suite.budgeted_steps(0.5, 10.0, max_steps=100, min_steps=5) == 20
     assert _suite.budgeted_steps(0.5, 1.0, max_steps=100, min_steps=5) == 5
+
+
+def test_a_broken_cache_is_named_and_the_other_sections_still_render(tmp_path, capsys):
+    (tmp_path / "speed.json").write_text('{"d32-T8": {"ratio": 1.3')
+    assert run.main(["--quick", "--results", str(tmp_path), "--only", "speed/d32-T8"]) == 1
+    assert "speed.json is not valid JSON" in capsys.readouterr().err
+    text = (tmp_path / "BENCHMARKS.md").read_text()
+    assert "Cannot be rendered from `speed.json`" in text
+    assert "Not measured yet: `python -m benchmarks.run --only claims`" in text
+
+
+def test_an_only_that_matches_no_row_fails(tmp_path, capsys):
+    assert run.main(["--quick", "--results", str(tmp_path), "--only", "quality/digits/svi"]) == 1
+    assert "no row of the cpu sections has such a key" in capsys.readouterr().err
+
+
+def test_bad_results_and_device_combinations_are_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        run.main(["--results", ""])
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    assert run.main(["--quick", "--results", str(not_a_dir)]) == 2
+    assert "cannot create the directory" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        run.main(["--device", "cuda", "--only", "claims"])
+    md = tmp_path / "half.md"
+    md.write_text(f"text\n{run.BEGIN}\nno end marker\n")
+    with pytest.raises(ValueError, match="two markers once each"):
+        run.write_markdown(f"{run.BEGIN}\nnew\n{run.END}\n", md)
+    assert md.read_text() == f"text\n{run.BEGIN}\nno end marker\n"

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from probtransformer.inference.posterior import Posterior, activation_bytes
+from probtransformer.inference.posterior import DEFAULT_MEMORY_BUDGET, Posterior, activation_bytes
 
 
 @pytest.fixture
@@ -42,7 +42,7 @@ def test_the_default_budget_bounds_rows_of_long_sequences(small_posterior):
     assert activation_bytes(model, long) > 1000 * activation_bytes(model, short)  # ~T^2
     # 100 draws of an 800-step sequence: ~4 * 2 heads * 801^2 floats each -> passes of few draws
     per_draw = activation_bytes(model, long)
-    assert 100 * per_draw > 2**30 > per_draw
+    assert 100 * per_draw > DEFAULT_MEMORY_BUDGET > per_draw
 
 
 @pytest.mark.parametrize("budget", [0, -5, 1.5, True, "1GB"])

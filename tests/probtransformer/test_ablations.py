@@ -1,11 +1,15 @@
 """Architecture ablations of benchmarks/claims.py: hard top-1 attention, no feed-forward
 (``d_ff=0``), no LayerNorm; what they change and that the rest still holds."""
 
+import re
+
+import numpy as np
 import pytest
 import torch
 
 from probtransformer.attention import BayesMultiheadAttention
 from probtransformer.block import TransformerBlock
+from probtransformer.inference import fit_mcmc
 from probtransformer.layers import BayesLayerNorm
 from probtransformer.models import CausalLM, SequenceClassifier, TokenTagger
 
@@ -75,3 +79,23 @@ def test_bad_ablation_settings_are_refused():
         SequenceClassifier(4, 3, 6, d_ff=-1)
     with pytest.raises(ValueError, match="layer_norm=False"):
         SequenceClassifier(4, 3, 6, bayesian=("norm",), layer_norm=False)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, words",
+    [
+        ({"layer_norm": "no"}, TypeError, "layer_norm must be True or False, got 'no'"),
+        ({"hard_attention": 1}, TypeError, "hard_attention must be True or False, got 1"),
+        ({"d_ff": 0, "bayesian": ("ffn",)}, ValueError, "d_ff=0 drops the feed-forward"),
+        ({"d_ff": np.int64(8)}, ValueError, "of type int64 (pass a Python int)"),
+    ],
+)
+def test_ablation_options_of_the_wrong_kind_are_named(kwargs, error, words):
+    with pytest.raises(error, match=re.escape(words)):
+        SequenceClassifier(4, 3, 6, **kwargs)
+
+
+def test_hmc_refuses_hard_attention(digits):
+    model = SequenceClassifier(8, 10, 8, d_model=8, num_heads=2, num_layers=1, hard_attention=True)
+    with pytest.raises(ValueError, match="hard attention .*straight-through gradient"):
+        fit_mcmc(model, digits.train[:10], num_samples=2, num_warmup=2, num_chains=1)

@@ -78,6 +78,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullFormatter
 from sklearn.model_selection import train_test_split
 
 from benchmarks._pyro_gradients import count_gradients
@@ -204,7 +205,7 @@ COLUMNS = (
     ("brier", "Brier", 3, False),
     ("auroc_entropy", "OOD AUROC, entropy", 3, True),
     ("auroc_epistemic", "OOD AUROC, epistemic", 3, True),
-    ("aurc", "AURC", 3, False),
+    ("aurc", "AURC", 4, False),
     ("fit_seconds", "fit s", 0, False),
 )
 #: The metrics on which the reading compares the Bayesian methods with the cheap ones.
@@ -691,6 +692,7 @@ def plot(rows: dict[str, dict], ctx: Context) -> list[Path]:
                 label=method,
             )
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels overlap on short ranges
         ax.set_xlabel("test NLL (nats, log scale)")
         ax.set_ylabel("OOD AUROC, predictive entropy")
         ax.set_title(name)

@@ -24,7 +24,9 @@ def test_quick_run_measures_every_section_and_writes_its_tables(quick_results):
         rows = json.loads((results / f"{name}.json").read_text())
         assert rows, name
         for key, row in rows.items():
-            assert row["command"] == f"python -m benchmarks.run --only {name}/{key} --force --quick"
+            assert row["command"] == (
+                f"python -m benchmarks.run --only {name}/{key} --force --quick --results {results}"
+            )
             assert row["seconds_total"] > 0 and row["torch"]
         title = run.section_module(name).TITLE
         part = text.split(f"### {title}\n", 1)[1].split("\n### ", 1)[0]

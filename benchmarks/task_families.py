@@ -47,7 +47,6 @@ import argparse
 import datetime as dt
 import json
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +57,7 @@ from scipy import stats
 from sklearn.metrics import f1_score
 
 from benchmarks import _classical
+from benchmarks._suite import store
 from probtransformer import datasets, metrics, priors
 from probtransformer.datasets import SequenceData
 from probtransformer.inference import fit_svi
@@ -814,31 +814,11 @@ def main(argv: list[str] | None = None) -> None:
             measured=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             torch=torch.__version__,
         )
-        rows = _store(cache, key, row)
+        rows = store(cache, key, row)
         print(f"{key}: done in {row['fit_seconds']:.0f} s fit", flush=True)
     text = tables(rows)
     (RESULTS / f"task_families{suffix}.md").write_text(text + "\n")
     print(text)
-
-
-def _store(cache: Path, key: str, row: dict) -> dict:
-    """Add one finished row to the cache file; re-read first, so runs of other rows in parallel
-    processes keep theirs; the file is replaced atomically."""
-    RESULTS.mkdir(exist_ok=True)
-    rows = json.loads(cache.read_text()) if cache.exists() else {}
-    rows[key] = row
-    tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(rows, indent=1, default=_json_default) + "\n")
-    os.replace(tmp, cache)
-    return rows
-
-
-def _json_default(value):
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, tuple):
-        return list(value)
-    raise TypeError(f"cannot serialise {type(value).__name__}")
 
 
 if __name__ == "__main__":

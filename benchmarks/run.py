@@ -114,7 +114,7 @@ def run_rows(ctx: _suite.Context, only: Sequence[str], *, force: bool) -> list[s
                 continue
             row.update(_suite.provenance(), seconds_total=time.perf_counter() - start)
             row["command"] = _command(full, ctx)
-            cached = _suite.store(cache, key, row)
+            _suite.store(cache, key, row)
             done += 1
             print(f"{full}: {row['seconds_total']:.0f} s", flush=True)
     unmatched = [o for o in only if o not in matched]

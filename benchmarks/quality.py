@@ -208,6 +208,7 @@ COLUMNS = (
     ("aurc", "AURC", 4, False),
     ("fit_seconds", "fit s", 0, False),
 )
+DIGITS = {key: digits for key, _, digits, _ in COLUMNS}
 #: The metrics on which the reading compares the Bayesian methods with the cheap ones.
 VERDICT = ("nll", "ece", "brier", "auroc_entropy", "aurc")
 
@@ -540,9 +541,10 @@ def _verdict(groups: dict[str, dict[str, list[dict]]]) -> str | None:
             pair = (methods[bayes], methods[cheap])
             seeded = all(len(_values(group, key)) > 1 for group in pair)
             if seeded and abs(b - c) > max(_sd(group, key) for group in pair):
+                digits = DIGITS[key]
                 clear[side].append(
-                    f"{name} {title} {win} {fmt(_mean(methods[win], key))} vs {lose} "
-                    f"{fmt(_mean(methods[lose], key))}"
+                    f"{name} {title} {win} {fmt(_mean(methods[win], key), digits)} vs {lose} "
+                    f"{fmt(_mean(methods[lose], key), digits)}"
                 )
     if not compared:
         return None

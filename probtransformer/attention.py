@@ -288,11 +288,14 @@ class BayesMultiheadAttention(PyroModule):
         q = q.view(S, N, Tq, nh, hs).transpose(2, 3)  # (S, N, H', Tq, hs)
         k = k.view(k.shape[0], N, Tk, nh, hs).transpose(2, 3)  # (S, N, H', Tk, hs)
         v = v.view(v.shape[0], N, Tk, nh, hs).transpose(2, 3)  # (S, N, H', Tk, hs)
-        logits = q @ k.transpose(-1, -2) / math.sqrt(hs)  # (S, N, H', Tq, Tk)
-        allowed = _allowed(key_padding_mask, attn_mask)
+        # the scales go on the (Tq, d_head) queries rather than the (Tq, Tk) logits: same
+        # logits, fewer operations whenever T > d_head
+        scale = 1.0 / math.sqrt(hs)
         if priors.LogitScalePrior in self.priors:
             tau = flatten_draws(self.logit_scale, 1)[:, heads]  # (s, H')
-            logits = logits * tau.view(tau.shape[0], 1, nh, 1, 1)
+            scale = tau.view(tau.shape[0], 1, nh, 1, 1) * scale
+        logits = (q * scale) @ k.transpose(-1, -2)  # (S, N, H', Tq, Tk)
+        allowed = _allowed(key_padding_mask, attn_mask)
         prior_terms = 0.0
         if priors.AttentionLogitPrior in self.priors:
             spec = self.priors[priors.AttentionLogitPrior]

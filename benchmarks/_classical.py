@@ -1,4 +1,4 @@
-"""Classical baselines for the task-family benchmark (``benchmarks/task_families.py``).
+"""Classical baselines for the task-family benchmark (``benchmarks/studies/task_families.py``).
 
 - ``BigramLM``: character bigram language model with add-k (Lidstone) smoothing, or the ML
   bigram interpolated with an add-one unigram (Jelinek & Mercer 1980); ``k`` / the weight are

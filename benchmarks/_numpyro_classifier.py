@@ -1,6 +1,6 @@
 """``probtransformer.models.SequenceClassifier`` written once more as a NumPyro model.
 
-Used only by ``benchmarks/nuts_vs_numpyro.py``: NumPyro and JAX are a benchmark extra
+Used only by ``benchmarks/studies/nuts_vs_numpyro.py``: NumPyro and JAX are a benchmark extra
 (``pip install -e ".[bench]"``), never a dependency of the package. The port covers the fully
 Bayesian classifier (every part in ``bayesian=``) with mean pooling; its sites carry the Pyro
 model's names and shapes, so a draw of one model is a point of the other and the benchmark can

@@ -14,7 +14,7 @@ Tasks: ``digits`` (``SequenceClassifier``: 8 rows of 8 pixels; test accuracy, NL
 450 test digits), ``wordseg`` (pydoc-wordseg, ``TokenTagger``: boundary F1 and token accuracy
 over the real characters of the first 200 test rows) and ``lm`` (pydoc-text character
 ``CausalLM``: perplexity of the posterior predictive mean on the first 200 test rows, 12,800
-characters). The metric functions are ``benchmarks.task_families``'.
+characters). The metric functions are ``benchmarks.studies.task_families``'.
 
 Variants of each task: ``base`` (d_model 32, 8 heads so d_head 4, 2 layers, d_ff 128, soft
 attention, pre-norm LayerNorm, dropout 0), ``hard`` (``hard_attention=True``), ``heads1``
@@ -77,7 +77,7 @@ from scipy import stats
 from benchmarks import _suite
 from benchmarks._lstm import LSTMLM, LSTMClassifier, LSTMTagger
 from benchmarks._suite import Context, fmt, mean_spread
-from benchmarks.task_families import _classification, _lm_perplexity, _tagging_scores
+from benchmarks.studies.task_families import _classification, _lm_perplexity, _tagging_scores
 from probtransformer import datasets, metrics
 from probtransformer.datasets import SequenceData
 from probtransformer.inference import NonFiniteELBOError, fit_svi
@@ -275,7 +275,7 @@ def matching_hidden_size(
 
 
 def evaluate(name: str, post, test: SequenceData, draws: int, seed: int) -> dict[str, float]:
-    """The task's test metrics (``benchmarks.task_families``' definitions)."""
+    """The task's test metrics (``benchmarks.studies.task_families``' definitions)."""
     if name == "lm":
         return {"perplexity": _lm_perplexity(post, test, draws, seed)}
     pred = post.predict(test.x, test.mask, num_samples=draws, seed=seed, batch_size=64)

@@ -1,6 +1,7 @@
 """NUTS effective samples per second: ``fit_mcmc`` against NumPyro on the identical model.
 
-A short, budgeted version of ``benchmarks/nuts_vs_numpyro.py`` (whose functions it calls): the
+A short, budgeted version of ``benchmarks/studies/nuts_vs_numpyro.py`` (whose functions it
+calls): the
 fully Bayesian ``SequenceClassifier`` (d_model 8, 2 heads, 1 layer, d_ff 16; all 780 weights
 latent) on the first 100 digits training rows, sampled by NUTS three ways, one row each:
 
@@ -40,7 +41,7 @@ the log-density check is not run.
 
 Quick mode (``--quick``, a smoke run; figures meaningless): 10 training and test rows, 10
 warmup + 10 draws, tree depth 3, no pilot, and no log-density check (JAX compiles its
-operations one by one there, 15-20 s; ``python -m benchmarks.nuts_vs_numpyro --check`` runs
+operations one by one there, 15-20 s; ``python -m benchmarks.studies.nuts_vs_numpyro --check`` runs
 it alone). The ``pyro`` rows take about 2 s each; the ``numpyro`` row 40-55 s on the shared
 2-core machine, nearly all of it NumPyro compiling its sampler.
 
@@ -62,7 +63,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from benchmarks._suite import Context, budgeted_steps, fmt
-from benchmarks.nuts_vs_numpyro import (
+from benchmarks.studies.nuts_vs_numpyro import (
     MODEL,
     RTOL,
     check_log_density,
@@ -437,7 +438,7 @@ def markdown(rows: dict[str, dict], ctx: Context) -> str:
     out = [
         "NUTS on the fully Bayesian `SequenceClassifier` (d_model 8, 2 heads, 1 layer, d_ff 16: "
         "780 latent weights), `fit_mcmc` against NumPyro's NUTS on an identical port "
-        "(`benchmarks/nuts.py`, functions of `benchmarks/nuts_vs_numpyro.py`). Seconds are "
+        "(`benchmarks/nuts.py`, functions of `benchmarks/studies/nuts_vs_numpyro.py`). Seconds are "
         "warmup + sampling; bulk ESS from ArviZ.",
         "",
     ]
@@ -460,7 +461,8 @@ def markdown(rows: dict[str, dict], ctx: Context) -> str:
         out += [f"Not measured yet: {', '.join(missing)}.", ""]
     out.append(
         "The standalone comparison at full length (2 chains x (100 warmup + 100 draws), max "
-        "tree depth 10, about 40 minutes: `python -m benchmarks.nuts_vs_numpyro`) is in the "
+        "tree depth 10, about 40 minutes: `python -m benchmarks.studies.nuts_vs_numpyro`) is in "
+        "the "
         'section "HMC / NUTS" of `benchmarks/BENCHMARKS.md`.'
     )
     return "\n".join(out)

@@ -10,7 +10,7 @@ labels keep their numbers, so the model still has an output per class, held-out 
   split), digits 8 and 9 held out;
 - ``ArrowHead`` (UCR: 251 steps, the archive's train/test split), class ``"2"`` held out, 2 of
   3 classes left; series are cut into patches of ``ceil(251 / 50) = 6`` consecutive values (42
-  tokens) by ``benchmarks.task_families._patch``, so attention runs over at most 50 steps;
+  tokens) by ``benchmarks.studies.task_families._patch``, so attention runs over at most 50 steps;
 - ``JapaneseVowels`` (UEA: 12 channels, 7-29 steps, ragged with a mask; 9 speakers), speakers
   8 and 9 (labels 7 and 8) held out, 7 left.
 
@@ -34,7 +34,7 @@ Every other method fits the same ``SequenceClassifier`` (``MODEL``: d_model 32, 
 layer, d_ff 64, dropout 0.1; latent attention projections, logit scales and output head, the
 library default) with the same optimiser settings on a data set: 1,000 Adam steps at lr 1e-2
 decaying to 1e-3; batch 128 on digits, 64 on JapaneseVowels, the full 24 series on ArrowHead.
-The architecture is ``benchmarks.task_families``' UCR model. On validation parts of the
+The architecture is ``benchmarks.studies.task_families``' UCR model. On validation parts of the
 training splits (seed 0; the test splits unused) these settings gave the SVI fits (mean-field,
 low-rank, stochastic attention) and MAP validation accuracy 0.96-1.00 on digits and
 JapaneseVowels and 0.875 (7 of 8 series) on ArrowHead;
@@ -83,7 +83,7 @@ from sklearn.model_selection import train_test_split
 
 from benchmarks._pyro_gradients import count_gradients
 from benchmarks._suite import Context, budgeted_steps, fmt, mean_spread
-from benchmarks.task_families import _patch
+from benchmarks.studies.task_families import _patch
 from probtransformer import datasets, metrics, priors
 from probtransformer.cli import mcmc_preset
 from probtransformer.datasets import SequenceData

@@ -312,7 +312,7 @@ class StochasticAttentionPrior:
     key-only prior. ``kl_weight`` < 1 scales that term, as Fan et al. do with their KL
     coefficient: a tempered posterior for the local latents (1: the exact ELBO). Measured on
     digits (classes 8 and 9 held out): the default model with the exact ELBO reached test
-    accuracy 0.61 after 3,000 steps (``benchmarks/ood_baselines.py``); a d_model-16, 1-layer
+    accuracy 0.61 after 3,000 steps (``benchmarks/studies/ood_baselines.py``); a d_model-16, 1-layer
     model after 1,000 steps reached 0.93 with ``kl_weight=0.01`` against 0.95 without
     stochastic attention.
 

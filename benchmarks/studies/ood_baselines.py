@@ -18,7 +18,7 @@ scores; and the fit's wall seconds. Predictions use 100 draws (ensemble: its 5 m
 
 Reproduce (about 25 minutes on 2 CPU cores; ``--quick``: 50 steps, a smoke run)::
 
-    python -m benchmarks.ood_baselines [--only svi map ...] [--quick]
+    python -m benchmarks.studies.ood_baselines [--only svi map ...] [--quick]
 
 Rows are cached in ``benchmarks/results/ood_baselines.json`` (``--only`` re-runs some); the
 table is printed and written to ``benchmarks/results/ood_baselines.md``.
@@ -38,7 +38,7 @@ from probtransformer import datasets, metrics, priors
 from probtransformer.inference import fit_ensemble, fit_map, fit_mc_dropout, fit_svi
 from probtransformer.models import SequenceClassifier
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).parents[1] / "results"
 METHODS = ("svi", "svi-stochastic", "map", "mc-dropout", "ensemble")
 HOLDOUT = (8, 9)
 ECE_BINS = 15

@@ -1,6 +1,7 @@
 """Validation figures of one digits setting: how the SequenceClassifier defaults were chosen.
 
-    python -m benchmarks.tune_digits --model '{"weight_prior_scale": 3.0}' --fit '{"lr": 1e-2}'
+    python -m benchmarks.studies.tune_digits \
+        --model '{"weight_prior_scale": 3.0}' --fit '{"lr": 1e-2}'
 
 Fits on ``load("digits", val_fraction=0.25)`` (909 train / 338 validation digits) with the library
 defaults overridden by the JSON options, then prints one JSON line: validation accuracy, NLL,

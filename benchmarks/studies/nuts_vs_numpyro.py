@@ -36,7 +36,7 @@ Reproduce (about 30 minutes of one CPU core, 26 of them in ``fit_mcmc``; ``--qui
 run of 10 warmup and 10 kept draws per chain, about a minute)::
 
     pip install -e ".[bench]"
-    python -m benchmarks.nuts_vs_numpyro
+    python -m benchmarks.studies.nuts_vs_numpyro
 
 The table is printed and written to ``benchmarks/results/nuts_vs_numpyro.md``.
 ``--check`` only runs the log-density check; ``--jit-compile`` gives ``fit_mcmc`` the PyTorch
@@ -86,7 +86,7 @@ MODEL = dict(
 #: port agrees to about 1e-7 in float32; a tanh instead of an erf GELU already differs by 1e-4 in
 #: the gradient (1e-6 in the log density).
 RTOL = 1e-5
-RESULTS = Path(__file__).parent / "results" / "nuts_vs_numpyro.md"
+RESULTS = Path(__file__).parents[1] / "results" / "nuts_vs_numpyro.md"
 _XLA_ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 
 
@@ -488,7 +488,7 @@ def _fmt(fmt: str, value) -> str:
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.nuts_vs_numpyro", description=__doc__.split("\n\n")[0]
+        prog="python -m benchmarks.studies.nuts_vs_numpyro", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--num-chains", type=int, default=2)
     parser.add_argument("--num-warmup", type=int, default=100)
@@ -561,7 +561,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, float]]:
         if k in sizes or k in ("train_rows", "test_rows")
     ) + (" --jit-compile" if args.jit_compile else "")
     settings = (
-        f"`python -m benchmarks.nuts_vs_numpyro {flags}` — "
+        f"`python -m benchmarks.studies.nuts_vs_numpyro {flags}` — "
         f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} CPU cores, "
         f"{platform.processor() or platform.machine()}, Python {platform.python_version()}, "
         f"torch {torch.__version__}, pyro {pyro.__version__}, jax {jax.__version__}, "

@@ -9,7 +9,7 @@ posterior over that of the pruned one, median of 7 alternating runs in one proce
 
 Reproduce (about 3 minutes on 2 CPU cores; ``--quick``: 50 steps)::
 
-    python -m benchmarks.head_pruning [--quick]
+    python -m benchmarks.studies.head_pruning [--quick]
 
 Printed and written to ``benchmarks/results/head_pruning.md``.
 """
@@ -25,7 +25,7 @@ from probtransformer import datasets, metrics, priors
 from probtransformer.inference import fit_svi
 from probtransformer.models import SequenceClassifier
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).parents[1] / "results"
 THRESHOLDS = (0.05, 0.1, 0.3, 0.5)
 REPEATS = 7
 

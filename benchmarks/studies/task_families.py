@@ -33,7 +33,7 @@ test split is touched once, for the reported figures.
 
 Reproduce (about 2 hours on 2 busy CPU cores; ``--quick``: a few steps, under a minute)::
 
-    python -m benchmarks.task_families [--only NAME[,NAME]] [--quick]
+    python -m benchmarks.studies.task_families [--only NAME[,NAME]] [--quick]
 
 ``NAME`` is a row (``sunspots/arima``), a group (``ucr``, ``co2``, ``lm``) or the part after
 the slash (``GunPoint``, ``arima``). Finished rows are cached in
@@ -70,7 +70,7 @@ from probtransformer.models import (
     generate,
 )
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).parents[1] / "results"
 UCR = ("GunPoint", "ItalyPowerDemand", "ArrowHead", "BasicMotions", "JapaneseVowels")
 # UCR archive (Dau et al. 2019), 1-NN DTW with a full warping window: 1 - published error
 PUBLISHED_DTW = {"GunPoint": 0.907, "ItalyPowerDemand": 0.950, "ArrowHead": 0.703}
@@ -808,7 +808,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{key} ...", flush=True)
         torch.manual_seed(args.seed)
         row = run_row(key, cfg, args.seed, rows)
-        command = f"python -m benchmarks.task_families --only {key}" + " --quick" * args.quick
+        command = f"python -m benchmarks.studies.task_families --only {key}"
+        command += " --quick" * args.quick
         row.update(
             command=command if args.seed == 0 else f"{command} --seed {args.seed}",
             measured=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

@@ -31,9 +31,9 @@ arithmetic, set the pace.
 
 Usage::
 
-    python -m benchmarks.gpu_check                # CUDA and CPU; CPU only (exit 0) without CUDA
-    python -m benchmarks.gpu_check --device cuda  # exit 2 when CUDA is not available
-    python -m benchmarks.gpu_check --quick        # tiny sizes: a smoke run (about 15 s on CPU)
+    python -m benchmarks.studies.gpu_check          # CUDA and CPU; CPU only (exit 0) without CUDA
+    python -m benchmarks.studies.gpu_check --device cuda  # exit 2 when CUDA is not available
+    python -m benchmarks.studies.gpu_check --quick  # tiny sizes: a smoke run (about 15 s on CPU)
 
 The table is printed and written to ``benchmarks/results/gpu_check.md``.
 """
@@ -58,7 +58,7 @@ from probtransformer.datasets import DatasetSplits, load
 from probtransformer.inference import Posterior, fit_mcmc, fit_svi
 from probtransformer.models import SequenceClassifier
 
-RESULTS = Path(__file__).parent / "results" / "gpu_check.md"
+RESULTS = Path(__file__).parents[1] / "results" / "gpu_check.md"
 SEED = 0
 PREDICT_DRAWS = 20  # posterior draws behind the reported test accuracy
 SMALL_MODEL = dict(d_model=8, num_heads=2, num_layers=1, d_ff=16, dropout=0.0)  # the CLI preset
@@ -173,7 +173,7 @@ def report(
     """The results as a markdown document (header lines, then one table row per fit)."""
     gpu = torch.cuda.get_device_name() if cuda is not None else "none"
     lines = [
-        "# CUDA vs CPU: `python -m benchmarks.gpu_check`",
+        "# CUDA vs CPU: `python -m benchmarks.studies.gpu_check`",
         "",
         f"{dt.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}; torch {torch.__version__} "
         f"(CUDA {torch.version.cuda or 'none'}); GPU: {gpu}; CPU: "
@@ -216,7 +216,7 @@ def report(
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.gpu_check",
+        prog="python -m benchmarks.studies.gpu_check",
         description="Wall time of an SVI and a NUTS fit of the digits classifier on CUDA and CPU.",
     )
     parser.add_argument(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import pickle
@@ -17,6 +16,7 @@ from probtransformer.datasets import SequenceData
 from probtransformer.inference._runtime import pyro_scope, resolve_device
 from probtransformer.inference.guides import build_guide
 from probtransformer.inference.posterior import Posterior
+from probtransformer.models.registry import check_config, check_registered, model_from_config
 
 #: Version of the on-disk layout written by ``save_posterior``.
 FORMAT_VERSION = 1
@@ -56,14 +56,20 @@ def save_posterior(posterior: Posterior, path: str | os.PathLike) -> None:
     a staging directory next to ``path`` and moved into place at the end; an existing saved
     posterior at ``path`` is replaced, anything else there is never deleted.
 
+    The model's class must be registered (a built-in model, or decorated with
+    ``probtransformer.models.register_model``): loading rebuilds only registered classes.
+
     Raises:
         TypeError: ``path`` is not a str or path.
-        ValueError: ``path`` is a file, or a directory holding other files; the model cannot
-            be rebuilt from its config (e.g. a callable attention guidance).
+        ValueError: ``path`` is a file, or a directory holding other files; the model's class is
+            not registered; the model cannot be rebuilt from its config (keys that are not its
+            constructor's arguments, a callable attention guidance). Nothing is written then.
         OSError: the directory cannot be written (the message names ``path``).
     """
     target = _save_target(path)
     model = posterior.model
+    check_registered(type(model))
+    check_config(type(model), model.config)
     if hasattr(type(model), "from_config"):
         type(model).from_config(model.config)  # fail now, not at load time (callable priors)
     meta = {
@@ -114,7 +120,9 @@ def save_posterior(posterior: Posterior, path: str | os.PathLike) -> None:
 def load_posterior(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> Posterior:
     """Load a posterior written by ``Posterior.save``.
 
-    Tensors are read with ``torch.load(weights_only=True)``: no object is ever unpickled.
+    Tensors are read with ``torch.load(weights_only=True)``: no object is ever unpickled. The
+    model is rebuilt by ``probtransformer.models.registry.model_from_config``: only a registered
+    model class is built, and nothing named by the files is imported.
 
     Args:
         path: the directory.
@@ -123,8 +131,9 @@ def load_posterior(path: str | os.PathLike, *, device: str | torch.device = "cpu
     Raises:
         TypeError: ``path`` is not a str or path.
         FileNotFoundError: ``path`` is not a saved posterior.
-        ValueError: written by a newer format version, its model class cannot be imported, or
-            its files are damaged or do not match each other.
+        ValueError: written by a newer format version, its model class is not registered
+            (the message says how to register it), its config does not fit that class, or its
+            files are damaged or do not match each other.
     """
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
@@ -133,14 +142,8 @@ def load_posterior(path: str | os.PathLike, *, device: str | torch.device = "cpu
         raise FileNotFoundError(f"{path} is not a saved posterior (no {_META} / {_TENSORS})")
     device = resolve_device(device)
     meta = read_versioned_json(path / _META, FORMAT_VERSION)
+    model = model_from_config(meta.get("model_class"), meta.get("config"), source=path)
     try:
-        module_name, _, class_name = meta["model_class"].rpartition(".")
-        cls = getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError, KeyError) as e:
-        raise ValueError(f"cannot import the model class of {path}: {_first_line(e)}") from e
-    try:
-        config = meta["config"]
-        model = cls.from_config(config) if hasattr(cls, "from_config") else cls(**config)
         tensors = torch.load(path / _TENSORS, map_location="cpu", weights_only=True)
         model.load_state_dict(tensors["model_state"])
         model = model.to(device)

@@ -1,6 +1,7 @@
 """Inference for Bayesian Transformers: fits that return one ``Posterior``."""
 
 from probtransformer.inference.baselines import fit_ensemble, fit_map, fit_mc_dropout
+from probtransformer.inference.checkpoint import restore_svi_checkpoint, save_svi_checkpoint
 from probtransformer.inference.mcmc import fit_mcmc
 from probtransformer.inference.posterior import Posterior
 from probtransformer.inference.prediction import (
@@ -9,7 +10,7 @@ from probtransformer.inference.prediction import (
     RegressionPrediction,
 )
 from probtransformer.inference.serialization import FORMAT_VERSION, load_posterior
-from probtransformer.inference.svi import NonFiniteELBOError, fit_svi
+from probtransformer.inference.svi import NonFiniteELBOError, SVIState, fit_svi, svi_init, svi_step
 
 __all__ = [
     "FORMAT_VERSION",
@@ -18,10 +19,15 @@ __all__ = [
     "PosteriorAttention",
     "Prediction",
     "RegressionPrediction",
+    "SVIState",
     "fit_ensemble",
     "fit_map",
     "fit_mc_dropout",
     "fit_mcmc",
     "fit_svi",
     "load_posterior",
+    "restore_svi_checkpoint",
+    "save_svi_checkpoint",
+    "svi_init",
+    "svi_step",
 ]

@@ -16,11 +16,15 @@ import pickle
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from probtransformer._io import read_versioned_json, replace_directory
 from probtransformer.datasets import SequenceData
+
+if TYPE_CHECKING:
+    from probtransformer.inference.svi import SVIState
 
 #: Version of the on-disk layout written by ``save_checkpoint``.
 CHECKPOINT_VERSION = 1
@@ -94,3 +98,65 @@ def check_compatible(meta: dict, expected: dict, path: str | os.PathLike) -> Non
                 f"cannot resume from {path}: its {key} is {saved!r} but this fit has {value!r}; "
                 "resume with the same model, data and settings (num_steps included)"
             )
+
+
+def _identity(state: SVIState) -> dict:
+    """What a checkpoint must share with a fit to resume it."""
+    model = state.model
+    return dict(
+        model_class=f"{type(model).__module__}.{type(model).__qualname__}",
+        config=model.config,
+        settings=state.settings,
+        data=state.fingerprint,
+    )
+
+
+def save_svi_checkpoint(state: SVIState, path: str | os.PathLike) -> None:
+    """Write ``state`` (an ``inference.svi.SVIState``) as the checkpoint directory ``path``.
+
+    ``restore_svi_checkpoint`` on a fresh ``svi_init`` state of the same model, data and
+    settings brings it back, and the steps after it give the numbers ``state`` would have given.
+
+    Raises:
+        ValueError: ``path`` exists and is not a checkpoint directory.
+        OSError: it cannot be written (the message names ``path``).
+    """
+    save_checkpoint(
+        path,
+        {**_identity(state), "step": state.step, "elbo": state.elbo[: state.step]},
+        dict(
+            model_state=state.model.state_dict(),
+            guide_state=state.guide.state_dict(),
+            optimizer_state=state.optimizer.state_dict(),
+            scheduler_state=state.scheduler.state_dict(),
+            rng=state.rng,
+            order=state.order.cpu(),
+            cursor=state.cursor,
+        ),
+    )
+
+
+def restore_svi_checkpoint(state: SVIState, path: str | os.PathLike) -> None:
+    """Load the checkpoint directory ``path`` into ``state``, in place.
+
+    ``state`` comes from ``svi_init`` with the model, data and settings of the saved fit: the
+    parameters, optimizer and schedule, mini-batch order and cursor, RNG state, completed steps
+    and ELBO trace become the saved ones.
+
+    Raises:
+        FileNotFoundError: ``path`` is not a checkpoint.
+        ValueError: written by a newer version, damaged, or of another model class or config,
+            other settings or other data (the message names the first field that differs).
+    """
+    meta, saved = load_checkpoint(path)
+    check_compatible(meta, _identity(state), path)
+    state.model.load_state_dict(saved["model_state"])
+    state.guide.load_state_dict(saved["guide_state"])
+    state.optimizer.load_state_dict(saved["optimizer_state"])
+    state.scheduler.load_state_dict(saved["scheduler_state"])
+    state.order = saved["order"].to(state.device)
+    state.cursor, state.step = saved["cursor"], meta["step"]
+    state.elbo = list(meta["elbo"])
+    state.rng = saved["rng"]
+    with torch.no_grad():  # the restored parameters are the last finite ones
+        torch._foreach_copy_(state.last_finite, state.params)

@@ -1,7 +1,13 @@
-"""The mean-field ELBO of ``fit_svi`` without the log densities it does not use."""
+"""The ELBO of ``fit_svi``: the mean-field ELBO without the log densities it does not use, and
+the error, naming the offending site, raised when the ELBO or its gradient is not finite."""
 
 from __future__ import annotations
 
+import math
+from typing import TYPE_CHECKING
+
+import pyro
+import torch
 from pyro import poutine
 from pyro.distributions.util import scale_and_mask
 from pyro.infer import TraceMeanField_ELBO
@@ -10,6 +16,26 @@ from pyro.infer.trace_mean_field_elbo import _check_mean_field_requirement
 from pyro.infer.util import is_validation_enabled
 from pyro.poutine.util import prune_subsample_sites
 from torch.distributions import kl_divergence
+
+if TYPE_CHECKING:
+    from probtransformer.inference.posterior import Posterior
+
+
+class NonFiniteELBOError(FloatingPointError):
+    """The ELBO or its gradient became NaN/inf during a fit.
+
+    Attributes:
+        step: the optimisation step (0-based) at which it happened.
+        site: the first sample site or parameter found non-finite, or None.
+        posterior: the fit with the parameters whose loss was last finite (those of step
+            ``step - 1``), set by ``fit_svi``; None when raised elsewhere.
+    """
+
+    def __init__(self, message: str, *, step: int, site: str | None) -> None:
+        super().__init__(message)
+        self.step = step
+        self.site = site
+        self.posterior: Posterior | None = None
 
 
 class MeanFieldELBO(TraceMeanField_ELBO):
@@ -82,3 +108,57 @@ def _importance_trace_observed_only(max_plate_nesting, model, guide, args, kwarg
     model_trace = prune_subsample_sites(model_trace)
     model_trace.compute_log_prob(site_filter=lambda _, site: site["is_observed"])
     return model_trace, guide_trace
+
+
+def non_finite_error(
+    model: torch.nn.Module,
+    guide: torch.nn.Module,
+    args: tuple,
+    num_data: int,
+    step: int,
+    value: float,
+) -> NonFiniteELBOError:
+    """The error for a non-finite step, naming the first offending site or parameter.
+
+    Args:
+        model, guide: the fit's model and guide.
+        args: the step's ``(x, y, mask)`` mini-batch.
+        num_data: training-set size ``N``.
+        step: the step (0-based).
+        value: the step's loss (nats), NaN when the evaluation itself failed.
+    """
+    site = _first_non_finite_site(model, guide, args, num_data)
+    what = "ELBO" if not math.isfinite(value) else "ELBO gradient"
+    return NonFiniteELBOError(
+        f"{what} became non-finite at step {step}"
+        + (f" (first non-finite: {site})" if site else "")
+        + "; try a lower lr, a smaller init_scale, or tighter priors",
+        step=step,
+        site=site,
+    )
+
+
+def _first_non_finite_site(model, guide, args, num_data) -> str | None:
+    for name, param in list(model.named_parameters()) + list(guide.named_parameters()):
+        if not torch.isfinite(param).all():
+            return f"parameter {name!r}"
+        if param.grad is not None and not torch.isfinite(param.grad).all():
+            return f"gradient of parameter {name!r}"
+    with torch.no_grad(), pyro.validation_enabled(False):
+        guide_trace = poutine.trace(guide).get_trace(*args, num_data=num_data)
+        model_trace = poutine.trace(poutine.replay(model, trace=guide_trace)).get_trace(
+            *args, num_data=num_data
+        )
+        for trace in (guide_trace, model_trace):
+            trace.compute_log_prob()
+            for name, site in trace.nodes.items():
+                if site["type"] != "sample":
+                    continue
+                if not torch.isfinite(site["value"]).all():
+                    return f"sample site {name!r} (value)"
+                if not torch.isfinite(site["log_prob_sum"]).all():
+                    return f"sample site {name!r} (log density)"
+    return None
+
+
+__all__ = ["MeanFieldELBO", "NonFiniteELBOError", "non_finite_error"]

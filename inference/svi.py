@@ -1,52 +1,96 @@
-"""Stochastic variational inference for models that follow the model protocol."""
+"""Stochastic variational inference for models that follow the model protocol.
+
+An SVI fit is a small state and one step on it, as in the ``posteriors`` library
+(``vi/diag.py``): ``svi_init`` builds an ``SVIState`` (model copy, guide, ELBO, Adam and its
+learning-rate schedule, mini-batch order, RNG and param-store state), ``svi_step`` advances it
+by one mini-batch, and the caller owns the loop. ``fit_svi`` is that loop with a progress bar,
+checkpoints (``inference.checkpoint``), Ctrl-C handling and a ``Posterior`` at the end.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import pyro
 import torch
-from pyro import poutine
 from pyro.infer import Trace_ELBO
 from tqdm.auto import tqdm
 
 from probtransformer.datasets import SequenceData
 from probtransformer.inference._runtime import (
     is_invalid_parameter_error,
-    pyro_scope,
     reinitialised_copy,
     resolve_device,
     seeded,
 )
 from probtransformer.inference.checkpoint import (
-    check_compatible,
     data_fingerprint,
     load_checkpoint,
-    save_checkpoint,
+    restore_svi_checkpoint,
+    save_svi_checkpoint,
 )
-from probtransformer.inference.elbo import MeanFieldELBO
+from probtransformer.inference.elbo import MeanFieldELBO, NonFiniteELBOError, non_finite_error
 from probtransformer.inference.guides import GUIDES, build_guide, has_local_latents
 from probtransformer.inference.model_checks import check_model_structure
 from probtransformer.inference.posterior import Posterior, check_data, check_model, example_of
 
 
-class NonFiniteELBOError(FloatingPointError):
-    """The ELBO or its gradient became NaN/inf during a fit.
+@dataclass(eq=False)
+class SVIState:
+    """Everything an SVI fit carries from one step to the next.
+
+    Built by ``svi_init``, advanced in place by ``svi_step``, saved and restored by
+    ``inference.checkpoint.save_svi_checkpoint`` / ``restore_svi_checkpoint``.
 
     Attributes:
-        step: the optimisation step (0-based) at which it happened.
-        site: the first sample site or parameter found non-finite, or None.
-        posterior: the fit with the parameters whose loss was last finite (those of step
-            ``step - 1``), set by ``fit_svi``; None when raised elsewhere.
+        model: the fit's own re-initialised copy of the model, in training mode, on the device.
+        guide: the variational guide (an autoguide, or ``AmortizedGuide`` for local latents).
+        loss_fn: negative ELBO of a mini-batch, ``loss_fn(x, y, mask, num_data=N)`` -> scalar
+            tensor (nats, full-data scale); a Pyro ``ELBOModule`` of ``model`` and ``guide``.
+        params: the trainable parameters of ``loss_fn`` (model and guide), in optimizer order.
+        optimizer: Adam over ``params``.
+        scheduler: exponential decay of the learning rate, ``lr`` -> ``lr * lr_decay`` over
+            ``num_steps`` steps (and on decaying past them).
+        data: the training split on the device.
+        settings: ``guide``, ``num_steps``, ``batch_size`` (capped at ``N``), ``lr``,
+            ``lr_decay``, ``num_particles``, ``init_scale``, ``seed``.
+        fingerprint: ``checkpoint.data_fingerprint`` of the training data as given (on CPU).
+        order: ``(N,)`` int64 permutation that the current epoch's mini-batches walk through.
+        cursor: index in ``order`` where the next mini-batch starts.
+        step: completed optimisation steps.
+        elbo: ELBO of every completed step (nats, full-data scale), ``len(elbo) == step``.
+        rng: torch RNG state (``"cpu"``, and ``"cuda"`` on a GPU) the next step starts from.
+        param_store: the fit's own Pyro param-store state (``ParamStoreDict.get_state()``),
+            entered for every evaluation so the global param store is never read or written.
+        last_finite: copies of ``params`` from the start of the last step whose loss was finite.
     """
 
-    def __init__(self, message: str, *, step: int, site: str | None) -> None:
-        super().__init__(message)
-        self.step = step
-        self.site = site
-        self.posterior: Posterior | None = None
+    model: torch.nn.Module
+    guide: torch.nn.Module
+    loss_fn: Callable[..., torch.Tensor]
+    params: list[torch.Tensor] = field(repr=False)
+    optimizer: torch.optim.Optimizer = field(repr=False)
+    scheduler: torch.optim.lr_scheduler.LRScheduler = field(repr=False)
+    data: SequenceData = field(repr=False)
+    settings: dict
+    fingerprint: list[float]
+    order: torch.Tensor = field(repr=False)
+    cursor: int
+    step: int
+    elbo: list[float] = field(repr=False)
+    rng: dict = field(repr=False)
+    param_store: dict = field(repr=False)
+    last_finite: list[torch.Tensor] = field(repr=False)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model, guide and data live."""
+        return self.data.x.device
 
 
 def _check_positive_int(name: str, value: object) -> None:
@@ -65,6 +109,210 @@ def _check_data(model: torch.nn.Module, data: SequenceData) -> None:
     if hasattr(model, "validate"):
         model.validate(data.x, data.y, data.mask)
     check_model_structure(model, data)
+
+
+def _check_fit(model, data, guide, num_steps, batch_size, lr, lr_decay, num_particles) -> None:
+    """The checks of ``svi_init``'s arguments, in the order their errors are reported."""
+    check_model(model)
+    _check_data(model, data)
+    if guide not in GUIDES:
+        raise ValueError(f"guide must be one of {GUIDES}, got {guide!r}")
+    for name, value in (
+        ("num_steps", num_steps),
+        ("batch_size", batch_size),
+        ("num_particles", num_particles),
+    ):
+        _check_positive_int(name, value)
+    if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
+        raise ValueError(f"lr must be a finite number > 0, got {lr!r}")
+    if not (isinstance(lr_decay, (int, float)) and 0 < lr_decay <= 1):
+        raise ValueError(f"lr_decay must be in (0, 1], got {lr_decay!r}")
+
+
+def svi_init(
+    model: torch.nn.Module,
+    data: SequenceData,
+    *,
+    guide: str = "normal",
+    num_steps: int = 3000,
+    batch_size: int = 128,
+    lr: float = 3e-3,
+    lr_decay: float = 0.1,
+    num_particles: int = 1,
+    init_scale: float = 1e-3,
+    device: str | torch.device = "auto",
+    seed: int = 0,
+) -> SVIState:
+    """The state of an SVI fit before its first step.
+
+    Deep-copies ``model`` and re-initialises it from ``seed`` on ``device``, then, under
+    ``seed``: builds the guide, evaluates the ELBO once on the first ``batch_size`` sequences
+    with Pyro's validation on (this creates the guide's parameters and checks model and guide),
+    sets up Adam with an exponential learning-rate decay, and draws the first mini-batch
+    permutation. The arguments mean what they mean for ``fit_svi``, which is a loop of
+    ``svi_step`` over this state.
+
+    Args:
+        model: a ``PyroModule`` following the model protocol; it is not modified.
+        data: training split ``(N, ...)``; ``data.y`` required.
+        guide: ``"normal"`` | ``"lowrank"`` | ``"mvn"`` | ``"delta"`` (see ``build_guide``).
+        num_steps: steps over which the learning rate decays from ``lr`` to ``lr * lr_decay``.
+        batch_size: sequences per step (capped at ``N``).
+        lr: initial Adam learning rate.
+        lr_decay: final learning rate as a fraction of ``lr``, in (0, 1].
+        num_particles: ELBO particles per step (vectorized when > 1).
+        init_scale: initial guide standard deviation.
+        device: ``"auto"``, ``"cpu"``, ``"cuda"`` ...
+        seed: seeds initialisation, mini-batches and ELBO samples.
+
+    Returns:
+        An ``SVIState`` with ``step == 0``; the caller's torch RNG and Pyro param store are
+        left as they were.
+
+    Raises:
+        TypeError/ValueError: bad model, data or settings (the message names the argument).
+        NonFiniteELBOError: the first ELBO evaluation is non-finite.
+    """
+    settings = (guide, num_steps, batch_size, lr, lr_decay, num_particles)
+    _check_fit(model, data, *settings)
+    return _init(model, data, *settings, init_scale, device, seed)
+
+
+def _init(
+    model, data, guide, num_steps, batch_size, lr, lr_decay, num_particles, init_scale, device, seed
+) -> SVIState:
+    """``svi_init`` on checked arguments."""
+    device = resolve_device(device)
+    model = reinitialised_copy(model, seed, device)
+    model.train()
+    train = data.to(device)
+    n = len(train)
+    batch_size = min(batch_size, n)
+    # the amortized guide of local latents is not mean-field: its logits depend on the globals
+    mean_field = guide == "normal" and not has_local_latents(model)
+    elbo_cls = MeanFieldELBO if mean_field else Trace_ELBO
+    elbo = elbo_cls(num_particles=num_particles, vectorize_particles=num_particles > 1)
+    settings = dict(
+        guide=guide,
+        num_steps=num_steps,
+        batch_size=batch_size,
+        lr=lr,
+        lr_decay=lr_decay,
+        num_particles=num_particles,
+        init_scale=init_scale,
+        seed=seed,
+    )
+    with pyro.get_param_store().scope() as param_store, seeded(seed, device):
+        autoguide = build_guide(guide, model, init_scale=init_scale)
+        loss_fn = elbo(model, autoguide)
+        first = slice(0, batch_size)
+        args = (train.x[first], train.y[first], _mask(train, first))
+        try:
+            loss_fn(*args, num_data=n)  # creates the guide's parameters, validated
+        except ValueError as e:
+            if not is_invalid_parameter_error(e):
+                raise
+            raise non_finite_error(model, autoguide, args, n, 0, math.nan) from e
+        params = [p for p in loss_fn.parameters() if p.requires_grad]
+        optimizer = torch.optim.Adam(params, lr=lr)
+        scheduler = torch.optim.lr_scheduler.ExponentialLR(
+            optimizer, gamma=lr_decay ** (1.0 / num_steps)
+        )
+        order = torch.randperm(n, device=device)
+        rng = _get_rng_state(device)
+    return SVIState(
+        model=model,
+        guide=autoguide,
+        loss_fn=loss_fn,
+        params=params,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        data=train,
+        settings=settings,
+        fingerprint=data_fingerprint(data),
+        order=order,
+        cursor=0,
+        step=0,
+        elbo=[],
+        rng=rng,
+        param_store=param_store,
+        last_finite=[p.detach().clone() for p in params],
+    )
+
+
+def svi_step(state: SVIState) -> float:
+    """One Adam step on the next mini-batch; updates ``state`` in place.
+
+    Takes the next ``batch_size`` sequences of ``state.order`` (a fresh permutation when fewer
+    than ``batch_size`` are left in the epoch), evaluates the negative ELBO without Pyro's
+    validation (the first, validated evaluation in ``svi_init`` checked the shapes), steps
+    Adam and the learning-rate schedule, and appends the ELBO to ``state.elbo``. Runs in the
+    state's own RNG and param-store state: the caller's are left as they were. The order,
+    cursor, RNG state, step count and ELBO trace change only when the step completes, so after
+    an interruption (``KeyboardInterrupt``) they describe the start of the step.
+
+    Args:
+        state: from ``svi_init`` (or restored from a checkpoint).
+
+    Returns:
+        The step's ELBO (nats, full-data scale: the likelihood scaled by ``N / batch_size``).
+
+    Raises:
+        NonFiniteELBOError: the ELBO or a gradient is NaN/inf; names the step and the first
+            non-finite site or parameter. The parameters are then back at those of the last
+            finite loss (the start of step ``error.step - 1``); ``state.step`` and
+            ``state.elbo`` are unchanged.
+    """
+    data, n = state.data, len(state.data)
+    batch_size = state.settings["batch_size"]
+    order, cursor = state.order, state.cursor
+    with _entered(state):
+        if cursor + batch_size > n:
+            order, cursor = torch.randperm(n, device=state.device), 0
+        idx = order[cursor : cursor + batch_size]
+        args = (data.x[idx], data.y[idx], _mask(data, idx))
+        state.optimizer.zero_grad(set_to_none=True)
+        try:
+            with pyro.validation_enabled(False):  # checked by the first, validated call
+                loss = state.loss_fn(*args, num_data=n)
+        except ValueError as e:
+            if not is_invalid_parameter_error(e):
+                raise
+            raise _rolled_back(state, args, math.nan) from e
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(state.params, math.inf)
+        value = loss.item()
+        if not (math.isfinite(value) and torch.isfinite(grad_norm)):
+            raise _rolled_back(state, args, value)
+        with torch.no_grad():  # the parameters of the last finite loss, kept
+            torch._foreach_copy_(state.last_finite, state.params)
+        state.optimizer.step()
+        state.scheduler.step()
+        rng = _get_rng_state(state.device)
+    state.order, state.cursor, state.rng = order, cursor + batch_size, rng
+    state.step += 1
+    state.elbo.append(-value)
+    return -value
+
+
+@contextlib.contextmanager
+def _entered(state: SVIState) -> Iterator[None]:
+    """Run the block in ``state``'s param store and from its RNG state; restore the caller's."""
+    outer = _get_rng_state(state.device)
+    _set_rng_state(state.rng, state.device)
+    try:
+        with pyro.get_param_store().scope(state.param_store):
+            yield
+    finally:
+        _set_rng_state(outer, state.device)
+
+
+def _rolled_back(state: SVIState, args: tuple, value: float) -> NonFiniteELBOError:
+    """The error of a non-finite step, the parameters set back to those of the last finite loss."""
+    error = non_finite_error(state.model, state.guide, args, len(state.data), state.step, value)
+    with torch.no_grad():
+        torch._foreach_copy_(state.params, state.last_finite)
+    return error
 
 
 def fit_svi(
@@ -98,7 +346,8 @@ def fit_svi(
     checks the first evaluation, which creates the guide; the steps after it skip those checks
     (shapes do not change between mini-batches, and non-finite values are caught each step).
     Point-estimate parameters of the model are optimised jointly (type-II MAP). Runs in its own
-    param-store scope: the global Pyro param store is never read or written.
+    param-store scope: the global Pyro param store is never read or written. The fit is
+    ``svi_init`` followed by ``num_steps`` calls of ``svi_step``.
 
     Args:
         model: a ``PyroModule`` following the model protocol (DESIGN.md).
@@ -131,21 +380,8 @@ def fit_svi(
             carries ``posterior``: the fit with the parameters of the last finite loss.
         KeyboardInterrupt: Ctrl-C; says where the state was saved when ``checkpoint_dir`` is set.
     """
-    check_model(model)
-    _check_data(model, data)
-    if guide not in GUIDES:
-        raise ValueError(f"guide must be one of {GUIDES}, got {guide!r}")
-    for name, value in (
-        ("num_steps", num_steps),
-        ("batch_size", batch_size),
-        ("num_particles", num_particles),
-    ):
-        _check_positive_int(name, value)
-    if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
-        raise ValueError(f"lr must be a finite number > 0, got {lr!r}")
-    if not (isinstance(lr_decay, (int, float)) and 0 < lr_decay <= 1):
-        raise ValueError(f"lr_decay must be in (0, 1], got {lr_decay!r}")
-
+    settings = (guide, num_steps, batch_size, lr, lr_decay, num_particles)
+    _check_fit(model, data, *settings)
     if checkpoint_every is not None:
         _check_positive_int("checkpoint_every", checkpoint_every)
         if checkpoint_dir is None:
@@ -156,145 +392,50 @@ def fit_svi(
     if resume_from is not None:
         load_checkpoint(resume_from)  # fail before any work when it is not a checkpoint
 
-    device = resolve_device(device)
-    model = reinitialised_copy(model, seed, device)
-    model.train()
-    train = data.to(device)
-    n = len(train)
-    batch_size = min(batch_size, n)
-    # the amortized guide of local latents is not mean-field: its logits depend on the globals
-    mean_field = guide == "normal" and not has_local_latents(model)
-    elbo_cls = MeanFieldELBO if mean_field else Trace_ELBO
-    elbo = elbo_cls(num_particles=num_particles, vectorize_particles=num_particles > 1)
-    trace: list[float] = []
-    settings = dict(
-        guide=guide,
-        num_steps=num_steps,
-        batch_size=batch_size,
-        lr=lr,
-        lr_decay=lr_decay,
-        num_particles=num_particles,
-        init_scale=init_scale,
-        seed=seed,
-    )
-    identity = dict(  # what a checkpoint must share with this fit to resume it
-        model_class=f"{type(model).__module__}.{type(model).__qualname__}",
-        config=model.config,
-        settings=settings,
-        data=data_fingerprint(data),
-    )
     start = time.perf_counter()
-    with pyro_scope(), seeded(seed, device):
-        autoguide = build_guide(guide, model, init_scale=init_scale)
-        loss_fn = elbo(model, autoguide)
-
-        def loss_at(step: int, args: tuple) -> torch.Tensor:
-            try:
-                return loss_fn(*args, num_data=n)
-            except ValueError as e:
-                if not is_invalid_parameter_error(e):
-                    raise
-                raise _non_finite(model, autoguide, args, n, step, math.nan) from e
-
-        first = slice(0, batch_size)
-        loss_at(0, (train.x[first], train.y[first], _mask(train, first)))  # creates guide params
-        params = [p for p in loss_fn.parameters() if p.requires_grad]
-        optimizer = torch.optim.Adam(params, lr=lr)
-        scheduler = torch.optim.lr_scheduler.ExponentialLR(
-            optimizer, gamma=lr_decay ** (1.0 / num_steps)
-        )
-        order = torch.randperm(n, device=device)
-        cursor, done = 0, 0
-        if resume_from is not None:
-            saved, state = load_checkpoint(resume_from)
-            check_compatible(saved, identity, resume_from)
-            model.load_state_dict(state["model_state"])
-            autoguide.load_state_dict(state["guide_state"])
-            optimizer.load_state_dict(state["optimizer_state"])
-            scheduler.load_state_dict(state["scheduler_state"])
-            order, cursor, done = state["order"].to(device), state["cursor"], saved["step"]
-            trace = list(saved["elbo"])
-            _set_rng_state(state["rng"], device)
-
-        def checkpoint(step: int, rng: dict, order: torch.Tensor, cursor: int) -> None:
-            """Save the state at the start of ``step`` (``step`` steps completed)."""
-            save_checkpoint(
-                checkpoint_dir,
-                {**identity, "step": step, "elbo": trace[:step]},
-                dict(
-                    model_state=model.state_dict(),
-                    guide_state=autoguide.state_dict(),
-                    optimizer_state=optimizer.state_dict(),
-                    scheduler_state=scheduler.state_dict(),
-                    rng=rng,
-                    order=order.cpu(),
-                    cursor=cursor,
-                ),
-            )
-
-        # disable=None: no bar when output is not a terminal (logs stay readable)
-        bar = tqdm(
-            range(done, num_steps),
-            desc="SVI",
-            initial=done,
-            total=num_steps,
-            disable=None if progress else True,
-            leave=False,
-        )
-        step, at_start = done, (_get_rng_state(device), order, cursor)
-        last_finite = [p.detach().clone() for p in params]
-        try:
-            for step in bar:
-                at_start = (_get_rng_state(device), order, cursor)
-                if cursor + batch_size > n:
-                    order, cursor = torch.randperm(n, device=device), 0
-                idx = order[cursor : cursor + batch_size]
-                cursor += batch_size
-                args = (train.x[idx], train.y[idx], _mask(train, idx))
-                optimizer.zero_grad(set_to_none=True)
-                with pyro.validation_enabled(False):  # checked by the first, validated call
-                    loss = loss_at(step, args)
-                loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, math.inf)
-                value = loss.item()
-                if not (math.isfinite(value) and torch.isfinite(grad_norm)):
-                    raise _non_finite(model, autoguide, args, n, step, value)
-                with torch.no_grad():  # the parameters of the last finite loss, kept
-                    torch._foreach_copy_(last_finite, params)
-                optimizer.step()
-                scheduler.step()
-                trace.append(-value)
-                if step % 25 == 0 or step == num_steps - 1:
-                    bar.set_postfix(elbo=f"{-value:.4g}")
-                if checkpoint_every and (step + 1) % checkpoint_every == 0:
-                    checkpoint(step + 1, _get_rng_state(device), order, cursor)
-        except NonFiniteELBOError as e:
-            # back to the parameters whose loss was last finite (those of step - 1)
-            with torch.no_grad():
-                torch._foreach_copy_(params, last_finite)
-            steps = max(step - 1, 0)
-            e.posterior = _posterior(model, autoguide, train, trace, steps, start, settings)
-            raise
-        except KeyboardInterrupt as e:
-            # the parameters are those at the start of ``step``
-            if checkpoint_dir is not None:
-                checkpoint(step, *at_start)
-            where = f"; saved to {checkpoint_dir} (resume_from=...)" if checkpoint_dir else ""
-            raise KeyboardInterrupt(f"fit_svi interrupted at step {step}{where}") from e
-    return _posterior(model, autoguide, train, trace, num_steps, start, settings)
+    state = _init(model, data, *settings, init_scale, device, seed)
+    if resume_from is not None:
+        restore_svi_checkpoint(state, resume_from)
+    # disable=None: no bar when output is not a terminal (logs stay readable)
+    bar = tqdm(
+        range(state.step, num_steps),
+        desc="SVI",
+        initial=state.step,
+        total=num_steps,
+        disable=None if progress else True,
+        leave=False,
+    )
+    try:
+        for step in bar:
+            value = svi_step(state)
+            if step % 25 == 0 or step == num_steps - 1:
+                bar.set_postfix(elbo=f"{value:.4g}")
+            if checkpoint_every and state.step % checkpoint_every == 0:
+                save_svi_checkpoint(state, checkpoint_dir)
+    except NonFiniteELBOError as e:
+        e.posterior = _posterior(state, max(e.step - 1, 0), start)
+        raise
+    except KeyboardInterrupt as e:
+        # the parameters are those at the start of the interrupted step
+        if checkpoint_dir is not None:
+            save_svi_checkpoint(state, checkpoint_dir)
+        where = f"; saved to {checkpoint_dir} (resume_from=...)" if checkpoint_dir else ""
+        raise KeyboardInterrupt(f"fit_svi interrupted at step {state.step}{where}") from e
+    return _posterior(state, num_steps, start)
 
 
-def _posterior(model, guide, train, trace, steps_done, start, settings) -> Posterior:
+def _posterior(state: SVIState, steps_done: int, start: float) -> Posterior:
+    train = state.data
     record = dict(
         method="svi",
         x_range=[float(train.x.min()), float(train.x.max())],
-        **settings,
+        **state.settings,
         num_data=len(train),
         steps_done=steps_done,
         seconds=time.perf_counter() - start,
-        elbo=list(trace[:steps_done]),
+        elbo=list(state.elbo[:steps_done]),
     )
-    return Posterior(model, guide=guide, record=record, example=example_of(train))
+    return Posterior(state.model, guide=state.guide, record=record, example=example_of(train))
 
 
 def _get_rng_state(device: torch.device) -> dict:
@@ -314,40 +455,4 @@ def _mask(data: SequenceData, idx) -> torch.Tensor | None:
     return None if data.mask is None else data.mask[idx]
 
 
-def _non_finite(model, guide, args, num_data, step, value) -> NonFiniteELBOError:
-    """Build the error for a non-finite step, naming the first offending site or parameter."""
-    site = _first_non_finite_site(model, guide, args, num_data)
-    what = "ELBO" if not math.isfinite(value) else "ELBO gradient"
-    return NonFiniteELBOError(
-        f"{what} became non-finite at step {step}"
-        + (f" (first non-finite: {site})" if site else "")
-        + "; try a lower lr, a smaller init_scale, or tighter priors",
-        step=step,
-        site=site,
-    )
-
-
-def _first_non_finite_site(model, guide, args, num_data) -> str | None:
-    for name, param in list(model.named_parameters()) + list(guide.named_parameters()):
-        if not torch.isfinite(param).all():
-            return f"parameter {name!r}"
-        if param.grad is not None and not torch.isfinite(param.grad).all():
-            return f"gradient of parameter {name!r}"
-    with torch.no_grad(), pyro.validation_enabled(False):
-        guide_trace = poutine.trace(guide).get_trace(*args, num_data=num_data)
-        model_trace = poutine.trace(poutine.replay(model, trace=guide_trace)).get_trace(
-            *args, num_data=num_data
-        )
-        for trace in (guide_trace, model_trace):
-            trace.compute_log_prob()
-            for name, site in trace.nodes.items():
-                if site["type"] != "sample":
-                    continue
-                if not torch.isfinite(site["value"]).all():
-                    return f"sample site {name!r} (value)"
-                if not torch.isfinite(site["log_prob_sum"]).all():
-                    return f"sample site {name!r} (log density)"
-    return None
-
-
-__all__ = ["NonFiniteELBOError", "fit_svi"]
+__all__ = ["NonFiniteELBOError", "SVIState", "fit_svi", "svi_init", "svi_step"]

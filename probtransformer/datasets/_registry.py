@@ -20,6 +20,8 @@ EXTRA = "datasets"  # the pip extra that installs sktime and statsmodels
 
 @dataclass(frozen=True)
 class _Entry:
+    """A registered dataset: its loader and the row `available()` shows for it."""
+
     loader: Callable[..., DatasetSplits]
     task: str
     shape: str

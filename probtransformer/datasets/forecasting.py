@@ -124,6 +124,7 @@ _FORECASTS = {
 def _load_forecast(
     name: str, *, seed: int, val_fraction: float, holdout_classes: tuple[int, ...]
 ) -> DatasetSplits:
+    """Read series `name` with its spec's reader and cut it into rolling-origin windows."""
     try:
         import statsmodels.datasets as sm_datasets
     except ImportError as err:

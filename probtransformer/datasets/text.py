@@ -137,6 +137,7 @@ def _encode(text: str, table: dict[str, int]) -> tuple[torch.Tensor, int]:
 
 
 def _text_meta(name: str, vocab: list[str], seed: int, val_fraction: float) -> dict[str, Any]:
+    """The meta keys both pydoc datasets share."""
     return {
         "name": name,
         "task": entry_of(name).task,

@@ -33,6 +33,7 @@ _UCR_SHAPES = {
 def _load_ucr(
     name: str, *, seed: int, val_fraction: float, holdout_classes: tuple[int, ...]
 ) -> DatasetSplits:
+    """The archive's train/test split of `name`; val carved stratified from its train part."""
     try:
         import sktime.datasets as sktime_datasets
     except ImportError as err:

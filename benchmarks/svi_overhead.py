@@ -1,15 +1,19 @@
 """SVI step overhead: one ``fit_svi`` step against a plain training step of the same network.
 
-Three contenders train on the same mini-batch, in one process, with the same step machinery as
-``probtransformer.inference.svi.fit_svi`` (zero grad, loss, backward, ``clip_grad_norm_(params,
-inf)`` and ``loss.item()`` as the finiteness check, Adam and exponential learning-rate decay):
+The contenders train on mini-batches of the same size, in one process:
 
-- ``svi``: what ``fit_svi(guide="normal")`` does per step: the mean-field ELBO
+- ``svi``: one ``svi_step`` of an ``svi_init(guide="normal")`` state, the very step that
+  ``fit_svi`` loops over: the next mini-batch of the training set, the mean-field ELBO
   (``inference.elbo.MeanFieldELBO``) of the model and an ``AutoNormal`` guide
-  (``init_to_sample``, ``init_scale=1e-3``), evaluated as ``loss_fn(x, y, None, num_data=N)``
-  inside a fresh param-store scope, Pyro's validation on for the first evaluation only.
+  (``init_to_sample``, ``init_scale=1e-3``) in the fit's own param-store and RNG state, Pyro's
+  validation on for the first evaluation only, the NaN guard, Adam and the learning-rate decay.
 - ``svi-pyro``: the same step with Pyro's own ``TraceMeanField_ELBO`` and validation on every
   step: what ``fit_svi`` did before ``MeanFieldELBO``, kept to show what that change saves.
+
+The other two run ``fit_svi``'s step machinery by hand on one fixed mini-batch (zero grad,
+loss, backward, ``clip_grad_norm_(params, inf)`` and ``loss.item()`` as the finiteness check,
+Adam and exponential learning-rate decay):
+
 - ``deterministic``: the same ``SequenceClassifier`` built with ``bayesian=()`` (every weight a
   point estimate, hence no logit scale either), dropout matched; cross-entropy of the logits of
   its network parts (embedding -> encoder -> mean pooling -> head), no Pyro sample sites.
@@ -42,6 +46,7 @@ are kept in ``benchmarks/BENCHMARKS.md``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import platform
 import statistics
@@ -55,10 +60,9 @@ import torch.nn.functional as F
 from pyro.infer import TraceMeanField_ELBO
 from torch import nn
 
-from probtransformer.datasets import load
+from probtransformer.datasets import SequenceData, load
+from probtransformer.inference import SVIState, svi_init, svi_step
 from probtransformer.inference._runtime import pyro_scope, reinitialised_copy, resolve_device
-from probtransformer.inference.elbo import MeanFieldELBO
-from probtransformer.inference.guides import build_guide
 from probtransformer.models import SequenceClassifier
 from probtransformer.positional import SinusoidalPositionalEncoding
 
@@ -81,19 +85,22 @@ StepFn = Callable[[], float]
 
 @dataclass(frozen=True)
 class Batch:
-    """One mini-batch and the size of the training set it is drawn from.
+    """One mini-batch and the training set it is drawn from.
 
     Attributes:
         x: ``(B, T, F)`` float32 features.
         y: ``(B,)`` int64 labels.
         num_data: training-set size ``N`` (likelihood scale ``N / B``).
         source: where the data came from, for the header.
+        train: the whole training set, ``(N, T, F)`` and ``(N,)``: the SVI contenders walk
+            through it in mini-batches of ``B``, as ``fit_svi`` does.
     """
 
     x: torch.Tensor
     y: torch.Tensor
     num_data: int
     source: str
+    train: SequenceData
 
 
 def make_batch(seq_len: int, batch_size: int, device: torch.device) -> Batch:
@@ -111,7 +118,7 @@ def make_batch(seq_len: int, batch_size: int, device: torch.device) -> Batch:
         source = f"synthetic N(0, 1) sequences (N={SYNTHETIC_NUM_DATA})"
     n = len(x)
     idx = torch.randperm(n, generator=generator)[: min(batch_size, n)]
-    return Batch(x[idx].to(device), y[idx].to(device), n, source)
+    return Batch(x[idx].to(device), y[idx].to(device), n, source, SequenceData(x, y).to(device))
 
 
 def make_classifier(
@@ -119,7 +126,12 @@ def make_classifier(
 ) -> SequenceClassifier:
     """``SequenceClassifier(8, 10, seq_len)`` of width ``d_model`` (``d_ff = 2 d_model``),
     re-initialised and moved as ``fit_svi`` does, in training mode."""
-    model = SequenceClassifier(
+    model = reinitialised_copy(_classifier(d_model, seq_len, bayesian), SEED, device)
+    return model.train()
+
+
+def _classifier(d_model: int, seq_len: int, bayesian: Sequence[str]) -> SequenceClassifier:
+    return SequenceClassifier(
         IN_FEATURES,
         NUM_CLASSES,
         seq_len,
@@ -130,8 +142,6 @@ def make_classifier(
         dropout=DROPOUT,
         bayesian=tuple(bayesian),
     )
-    model = reinitialised_copy(model, SEED, device)
-    return model.train()
 
 
 class TorchTransformer(nn.Module):
@@ -184,27 +194,48 @@ def _train_step(loss_of: Callable[[], torch.Tensor], params: list[torch.Tensor])
     return step
 
 
-def svi_loss(
-    model: SequenceClassifier, batch: Batch, *, pyro_elbo: bool = False
-) -> tuple[Callable[[], torch.Tensor], list]:
-    """``fit_svi``'s mean-field ELBO loss on ``batch`` and its trainable parameters.
+def svi_state(
+    d_model: int, seq_len: int, batch: Batch, device: torch.device, *, pyro_elbo: bool = False
+) -> SVIState:
+    """``svi_init``'s state of the latent-attention classifier on ``batch.train``, with
+    ``fit_svi``'s defaults and mini-batches of ``len(batch.x)``.
 
-    Call inside ``pyro_scope()``: the guide's parameters are created here, by a first
-    evaluation, exactly as ``fit_svi`` creates them. ``pyro_elbo``: Pyro's
-    ``TraceMeanField_ELBO`` with validation on every step instead (``fit_svi`` before
-    ``MeanFieldELBO``).
+    ``pyro_elbo``: the state's loss becomes Pyro's ``TraceMeanField_ELBO`` of the same model
+    and guide with validation on every step (``fit_svi`` before ``MeanFieldELBO``); the
+    parameters, optimizer and mini-batches stay the state's.
     """
-    guide = build_guide("normal", model, init_scale=INIT_SCALE)
-    elbo = TraceMeanField_ELBO if pyro_elbo else MeanFieldELBO
-    loss_fn = elbo(num_particles=1, vectorize_particles=False)(model, guide)
-    loss_fn(batch.x, batch.y, None, num_data=batch.num_data)
-    params = [p for p in loss_fn.parameters() if p.requires_grad]
+    state = svi_init(
+        _classifier(d_model, seq_len, ("attention", "head")),
+        batch.train,
+        guide="normal",
+        num_steps=NUM_STEPS,
+        batch_size=len(batch.x),
+        lr=LR,
+        lr_decay=LR_DECAY,
+        init_scale=INIT_SCALE,
+        device=device,
+        seed=SEED,
+    )
+    if not pyro_elbo:
+        return state
+    loss_fn = TraceMeanField_ELBO(num_particles=1)(state.model, state.guide)
+
+    def validated(*args, **kwargs) -> torch.Tensor:
+        with pyro.validation_enabled(True):
+            return loss_fn(*args, **kwargs)
+
+    return dataclasses.replace(state, loss_fn=validated)
+
+
+def state_loss(state: SVIState, batch: Batch) -> Callable[[], torch.Tensor]:
+    """The negative ELBO of ``state`` on the fixed ``batch``, evaluated in the state's own param
+    store (validation off, as in ``svi_step``): for the phase breakdown of ``profile_step``."""
 
     def loss() -> torch.Tensor:
-        with pyro.validation_enabled(pyro_elbo):
-            return loss_fn(batch.x, batch.y, None, num_data=batch.num_data)
+        with pyro.get_param_store().scope(state.param_store), pyro.validation_enabled(False):
+            return state.loss_fn(batch.x, batch.y, None, num_data=batch.num_data)
 
-    return loss, params
+    return loss
 
 
 def network_logits(model: SequenceClassifier, x: torch.Tensor) -> torch.Tensor:
@@ -218,13 +249,10 @@ def network_logits(model: SequenceClassifier, x: torch.Tensor) -> torch.Tensor:
 
 
 def build_contenders(d_model: int, seq_len: int, batch: Batch, device: torch.device) -> dict:
-    """The three step functions, keyed by contender name. Call inside ``pyro_scope()``."""
+    """The four step functions, keyed by contender name. Call inside ``pyro_scope()``."""
     torch.manual_seed(SEED)
-    bayes = make_classifier(d_model, seq_len, bayesian=("attention", "head"), device=device)
-    loss, params = svi_loss(bayes, batch)
-    svi = _train_step(loss, params)
-    before = make_classifier(d_model, seq_len, bayesian=("attention", "head"), device=device)
-    svi_pyro = _train_step(*svi_loss(before, batch, pyro_elbo=True))
+    state = svi_state(d_model, seq_len, batch, device)
+    before = svi_state(d_model, seq_len, batch, device, pyro_elbo=True)
 
     plain = make_classifier(d_model, seq_len, bayesian=(), device=device)
     deterministic = _train_step(
@@ -236,7 +264,12 @@ def build_contenders(d_model: int, seq_len: int, batch: Batch, device: torch.dev
     torch_step = _train_step(
         lambda: F.cross_entropy(reference(batch.x), batch.y), list(reference.parameters())
     )
-    return {"svi": svi, "svi-pyro": svi_pyro, "deterministic": deterministic, "torch": torch_step}
+    return {
+        "svi": lambda: svi_step(state),
+        "svi-pyro": lambda: svi_step(before),
+        "deterministic": deterministic,
+        "torch": torch_step,
+    }
 
 
 def _sync(device: torch.device) -> None:
@@ -377,9 +410,9 @@ def profile_step(d_model: int, seq_len: int, batch: Batch, device: torch.device)
     """
     num_steps = 30
     torch.manual_seed(SEED)
-    bayes = make_classifier(d_model, seq_len, bayesian=("attention", "head"), device=device)
+    state = svi_state(d_model, seq_len, batch, device)
     plain = make_classifier(d_model, seq_len, bayesian=(), device=device)
-    svi = svi_loss(bayes, batch)
+    svi = (state_loss(state, batch), state.params)
     deterministic = (
         lambda: F.cross_entropy(network_logits(plain, batch.x), batch.y),
         list(plain.parameters()),
@@ -390,10 +423,9 @@ def profile_step(d_model: int, seq_len: int, batch: Batch, device: torch.device)
             loss_of().backward()
         columns[name] = _phase_times(loss_of, params, device, num_steps)
         columns[name].update(_op_counts(loss_of, num_steps))
-    before = make_classifier(d_model, seq_len, bayesian=("attention", "head"), device=device)
-    pyro_elbo = svi_loss(before, batch, pyro_elbo=True)
+    before = svi_state(d_model, seq_len, batch, device, pyro_elbo=True)
     columns["SVI"]["forward, Pyro TraceMeanField_ELBO"] = _phase_times(
-        *pyro_elbo, device, num_steps
+        state_loss(before, batch), before.params, device, num_steps
     )["forward"]
     lines = [f"{'per step (mean of ' + str(num_steps) + ' steps)':<34}{'SVI':>10}{'determ.':>10}"]
     for key, value in columns["SVI"].items():

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
-import pyro
-import pyro.distributions as dist
 import torch
 
-from probtransformer import priors
-from probtransformer.layers import BayesLinear
-from probtransformer.models._base import TransformerModel, align_draws, data_plate_for
+from probtransformer.models._base import TransformerModel
+from probtransformer.models._config import EncoderConfig, takes_encoder_options
+from probtransformer.models.heads import CategoricalHead, check_pooling, pool
 
 
 class SequenceClassifier(TransformerModel):
@@ -54,6 +50,11 @@ class SequenceClassifier(TransformerModel):
         head_prior: ``priors.HeadGatePrior()`` puts horseshoe-style gates on the heads (see
             ``Posterior.head_importance``); None for none.
 
+    Shapes:
+        ``forward(x, y=None, mask=None, *, num_data=None)``: ``x (N, T, F)`` float features or
+        ``(N, T)`` int64 token ids, ``y (N,)`` int64 labels or None, ``mask (N, T)`` bool or None
+        -> ``logits (*draws, N, C)``; ``draws`` are the sizes of enclosing vectorizing plates.
+
     Raises:
         ValueError: unknown ``bayesian`` part or ``pooling``, sizes < 1 (``num_classes`` < 2),
             ``d_model`` not a multiple of ``num_heads``, both or neither of ``in_features`` and
@@ -62,6 +63,7 @@ class SequenceClassifier(TransformerModel):
         ValueError: an attention guidance that does not fit ``max_len`` (plus 1 with CLS).
     """
 
+    @takes_encoder_options
     def __init__(
         self,
         in_features: int | None,
@@ -70,89 +72,23 @@ class SequenceClassifier(TransformerModel):
         *,
         vocab_size: int | None = None,
         grid: tuple[int, int] | None = None,
-        d_model: int = 64,
-        num_heads: int = 4,
-        num_layers: int = 2,
-        d_ff: int = 128,
-        dropout: float = 0.1,
         pooling: str = "mean",
-        norm_first: bool = True,
-        layer_norm: bool = True,
-        hard_attention: bool = False,
-        bayesian: Iterable[str] | str = ("attention", "head"),
-        weight_prior: priors.Normal | None = priors.Normal(scale=3.0),
-        attention_prior=priors.LogitScalePrior(),
-        head_prior: priors.HeadGatePrior | None = None,
+        **options,
     ) -> None:
         super().__init__()
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
             raise ValueError(f"num_classes must be >= 2 (an integer), got {num_classes!r}")
-        if pooling not in ("mean", "cls"):
-            raise ValueError(f"pooling must be 'mean' or 'cls', got {pooling!r}")
+        check_pooling(pooling, ("mean", "cls"))
+        cls_token = pooling == "cls"
         self._build_encoder(
-            in_features=in_features,
-            vocab_size=vocab_size,
-            max_len=max_len,
-            grid=grid,
-            d_model=d_model,
-            num_heads=num_heads,
-            num_layers=num_layers,
-            d_ff=d_ff,
-            dropout=dropout,
-            norm_first=norm_first,
-            layer_norm=layer_norm,
-            hard_attention=hard_attention,
-            bayesian=bayesian,
-            weight_prior=weight_prior,
-            attention_prior=attention_prior,
-            head_prior=head_prior,
-            cls_token=pooling == "cls",
+            EncoderConfig(max_len, in_features, vocab_size, grid, **options, cls_token=cls_token)
         )
         self.num_classes = num_classes
         self.pooling = pooling
         self.config.update(in_features=in_features, num_classes=num_classes, pooling=pooling)
-        parts = self.bayesian_parts
-        self.head = BayesLinear(d_model, num_classes, bayesian="head" in parts, prior=weight_prior)
+        self._build_head(num_classes, CategoricalHead, per_step=False)
 
-    def validate(
-        self, x: torch.Tensor, y: torch.Tensor | None = None, mask: torch.Tensor | None = None
-    ) -> None:
-        """Check inputs before fitting or predicting (see ``check_sequence_inputs``)."""
-        self._check_inputs(x, y, mask, num_classes=self.num_classes)
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        y: torch.Tensor | None = None,
-        mask: torch.Tensor | None = None,
-        *,
-        num_data: int | None = None,
-    ) -> torch.Tensor:
-        """Run the model; observe ``y`` when given, sample it otherwise.
-
-        Args:
-            x: ``(N, T, F)`` float features or ``(N, T)`` int64 token ids.
-            y: ``(N,)`` int64 labels or None.
-            mask: ``(N, T)`` bool, True = real step, or None.
-            num_data: size of the full data set when ``x`` is a mini-batch (scales the
-                likelihood by ``num_data / N``).
-
-        Returns:
-            logits ``(*draws, N, C)``; ``draws`` are the sizes of enclosing vectorizing plates.
-        """
-        plate = data_plate_for(x, num_data)
+    def _forward(self, x, y, mask, plate) -> torch.Tensor:
         h, key_mask = self._encode(x, mask, plate)  # (s, N, T', d)
-        if self.pooling == "cls":
-            pooled = h[:, :, 0]  # (s, N, d)
-        elif key_mask is None:
-            pooled = h.mean(dim=2)
-        else:
-            weights = key_mask.to(h.dtype)  # (N, T)
-            count = weights.sum(-1, keepdim=True).clamp(min=1.0)  # all-padding rows pool to 0
-            pooled = torch.einsum("sntd,nt->snd", h, weights) / count
-        logits = align_draws(self.head(pooled))  # (*draws, N, C)
-        with plate:
-            if y is None:
-                pyro.deterministic("logits", logits, event_dim=1)
-            pyro.sample(self.likelihood_site, dist.Categorical(logits=logits), obs=y)
-        return logits
+        pooled = pool(h, key_mask, self.pooling)  # (s, N, d)
+        return self.head.observe(pooled, y, plate, site=self.likelihood_site)  # (*draws, N, C)

@@ -6,7 +6,9 @@ from __future__ import annotations
 import pyro
 import pyro.distributions as dist
 import torch
-from pyro.nn import PyroModule, PyroSample
+from pyro.nn import PyroSample
+
+from probtransformer.models._base import ProtocolModel
 
 
 def _weight_prior(module: BayesianLinearRegression):
@@ -19,7 +21,7 @@ def _bias_prior(module: BayesianLinearRegression):
     return dist.Normal(torch.zeros_like(scale), scale)
 
 
-class BayesianLinearRegression(PyroModule):
+class BayesianLinearRegression(ProtocolModel):
     """``y = x @ weight + bias + eps``, ``eps ~ N(0, noise_scale²)`` with known noise and
     independent ``N(0, prior_scale²)`` priors on ``weight`` (P,) and ``bias``.
 
@@ -36,8 +38,6 @@ class BayesianLinearRegression(PyroModule):
     Raises:
         ValueError: ``in_features < 1`` or a non-positive scale.
     """
-
-    likelihood_site = "y"
 
     def __init__(
         self,
@@ -98,14 +98,7 @@ class BayesianLinearRegression(PyroModule):
             if not torch.isfinite(y).all():
                 raise ValueError("y contains NaN or inf values")
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        y: torch.Tensor | None = None,
-        mask: torch.Tensor | None = None,
-        *,
-        num_data: int | None = None,
-    ) -> torch.Tensor:
+    def _forward(self, x, y, mask, plate) -> torch.Tensor:
         """Observe (or sample) ``y``; returns ``E[y | x, weight, bias]`` of shape ``(*draws, N)``.
 
         ``x`` is ``(N, P)``; ``mask`` must be None (accepted for the model protocol).
@@ -116,8 +109,7 @@ class BayesianLinearRegression(PyroModule):
         loc = (weight * x).sum(-1)  # (*draws, N)
         if self.fit_intercept:
             loc = loc + self.bias
-        N = x.shape[0]
-        with pyro.plate("data", num_data or N, subsample=torch.arange(N, device=x.device)):
+        with plate:
             pyro.sample(self.likelihood_site, dist.Normal(loc, self.noise_scale), obs=y)
         return loc
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import pyro
 import pyro.distributions as dist
@@ -15,14 +15,11 @@ from torch import nn
 from probtransformer import priors
 from probtransformer.attention import BayesMultiheadAttention
 from probtransformer.encoder import TransformerDecoder
-from probtransformer.layers import BayesLinear, flatten_draws
-from probtransformer.models._base import (
-    TransformerModel,
-    align_draws,
-    check_sizes,
-    check_values,
-    data_plate_for,
-)
+from probtransformer.layers import align_draws, flatten_draws
+from probtransformer.models._base import TransformerModel
+from probtransformer.models._checks import check_sizes, check_values
+from probtransformer.models._config import EncoderConfig, takes_encoder_options
+from probtransformer.models.heads import check_pooling, pool
 from probtransformer.positional import sinusoid_table
 
 LIKELIHOODS = ("normal", "student_t")
@@ -48,6 +45,13 @@ def _standardizer(value, size: int, name: str, default: float) -> torch.Tensor:
     return out
 
 
+def _feature_config(in_features: int, max_len: int, **options) -> EncoderConfig:
+    """The ``EncoderConfig`` of a model over feature sequences (``in_features`` required)."""
+    if in_features is None:
+        raise ValueError("in_features must be an integer >= 1, got None")
+    return EncoderConfig(max_len, in_features, **options)
+
+
 class _RegressionModel(TransformerModel):
     """Shared parts of the real-valued models: standardisation and the likelihood.
 
@@ -61,7 +65,9 @@ class _RegressionModel(TransformerModel):
     #: 0.003, the residual sd being about 1 in standardised units).
     initial_values = {"noise_scale": 1.0}
 
-    def _build_likelihood(self, *, horizon, likelihood, df, x_loc, x_scale, y_loc, y_scale):
+    def _build_likelihood(self, horizon, likelihood, df, x_standardization, y_standardization):
+        """Check the likelihood options; register the standardisation ``(loc, scale)`` of the
+        inputs and of the targets and the latent noise scale; record them in ``config``."""
         if likelihood not in LIKELIHOODS:
             raise ValueError(f"likelihood must be one of {LIKELIHOODS}, got {likelihood!r}")
         if likelihood == "student_t" and not (isinstance(df, (int, float)) and 2 < df < math.inf):
@@ -75,8 +81,8 @@ class _RegressionModel(TransformerModel):
         self.site_dims = {"noise_scale": ("horizon",)[: len(self.output_shape)]}
         self.likelihood = likelihood
         self.df = float(df)
-        outputs = horizon or 1
-        F = self.in_features
+        (x_loc, x_scale), (y_loc, y_scale) = x_standardization, y_standardization
+        F, outputs = self.in_features, horizon or 1
         self.register_buffer("x_loc", _standardizer(x_loc, F, "x_loc", 0.0), persistent=False)
         self.register_buffer("x_scale", _standardizer(x_scale, F, "x_scale", 1.0), persistent=False)
         self.register_buffer("y_loc", _standardizer(y_loc, outputs, "y_loc", 0.0), persistent=False)
@@ -95,20 +101,9 @@ class _RegressionModel(TransformerModel):
             y_scale=self.y_scale.tolist(),
         )
 
-    def validate(
-        self, x: torch.Tensor, y: torch.Tensor | None = None, mask: torch.Tensor | None = None
-    ) -> None:
-        """Check inputs: ``x`` as ``check_sequence_inputs``, ``y`` finite float ``(N,)`` (no
-        ``horizon``) or ``(N, horizon)``.
-
-        Raises:
-            TypeError, ValueError: see ``check_sequence_inputs`` and ``check_values``.
-        """
-        self._check_inputs(x, y, mask)
-        if y is not None:
-            check_values(
-                y, (x.shape[0], *self.output_shape), dims="(N, H)" if self.horizon else "(N,)"
-            )
+    def _check_targets(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        dims = "(N, H)" if self.horizon else "(N,)"
+        check_values(y, (x.shape[0], *self.output_shape), dims=dims)
 
     def _observe(self, f: torch.Tensor, y: torch.Tensor | None, plate: pyro.plate) -> torch.Tensor:
         """``f (s, N, *output_shape)`` standardised outputs -> the likelihood site; returns loc."""
@@ -153,11 +148,17 @@ class SequenceRegressor(_RegressionModel):
         y_loc, y_scale: standardisation of the targets (floats or ``H`` floats).
         Others: as ``SequenceClassifier``.
 
+    Shapes:
+        ``forward(x, y=None, mask=None, *, num_data=None)``: ``x (N, T, F)`` float features in
+        the data's units, ``y (N,)`` or ``(N, H)`` float targets or None, ``mask (N, T)`` bool or
+        None -> ``loc (*draws, N, *output_shape)``: the mean of ``y`` under each draw.
+
     Raises:
         ValueError: unknown ``likelihood`` or ``pooling``, ``df <= 2``, a non-positive scale,
             standardisation of the wrong length; others as ``SequenceClassifier``.
     """
 
+    @takes_encoder_options
     def __init__(
         self,
         in_features: int,
@@ -172,87 +173,19 @@ class SequenceRegressor(_RegressionModel):
         y_loc: float | Sequence[float] = 0.0,
         y_scale: float | Sequence[float] = 1.0,
         grid: tuple[int, int] | None = None,
-        d_model: int = 64,
-        num_heads: int = 4,
-        num_layers: int = 2,
-        d_ff: int = 128,
-        dropout: float = 0.1,
-        norm_first: bool = True,
-        layer_norm: bool = True,
-        hard_attention: bool = False,
-        bayesian: Iterable[str] | str = ("attention", "head"),
-        weight_prior: priors.Normal | None = priors.Normal(scale=3.0),
-        attention_prior=priors.LogitScalePrior(),
-        head_prior: priors.HeadGatePrior | None = None,
+        **options,
     ) -> None:
         super().__init__()
-        if pooling not in ("mean", "last"):
-            raise ValueError(f"pooling must be 'mean' or 'last', got {pooling!r}")
-        if in_features is None:
-            raise ValueError("in_features must be an integer >= 1, got None")
-        self._build_encoder(
-            in_features=in_features,
-            vocab_size=None,
-            max_len=max_len,
-            grid=grid,
-            d_model=d_model,
-            num_heads=num_heads,
-            num_layers=num_layers,
-            d_ff=d_ff,
-            dropout=dropout,
-            norm_first=norm_first,
-            layer_norm=layer_norm,
-            hard_attention=hard_attention,
-            bayesian=bayesian,
-            weight_prior=weight_prior,
-            attention_prior=attention_prior,
-            head_prior=head_prior,
-        )
-        self._build_likelihood(
-            horizon=horizon,
-            likelihood=likelihood,
-            df=df,
-            x_loc=x_loc,
-            x_scale=x_scale,
-            y_loc=y_loc,
-            y_scale=y_scale,
-        )
+        check_pooling(pooling, ("mean", "last"))
+        self._build_encoder(_feature_config(in_features, max_len, grid=grid, **options))
+        self._build_likelihood(horizon, likelihood, df, (x_loc, x_scale), (y_loc, y_scale))
         self.pooling = pooling
         self.config["pooling"] = pooling
-        self.head = BayesLinear(
-            d_model, horizon or 1, bayesian="head" in self.bayesian_parts, prior=weight_prior
-        )
+        self._build_head(horizon or 1)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        y: torch.Tensor | None = None,
-        mask: torch.Tensor | None = None,
-        *,
-        num_data: int | None = None,
-    ) -> torch.Tensor:
-        """Run the model; observe ``y`` when given, sample it otherwise.
-
-        Args:
-            x: ``(N, T, F)`` float features, in the data's units.
-            y: ``(N,)`` or ``(N, H)`` float targets, or None.
-            mask: ``(N, T)`` bool, True = real step, or None.
-            num_data: size of the full data set when ``x`` is a mini-batch.
-
-        Returns:
-            ``loc (*draws, N, *output_shape)``: the mean of ``y`` under each draw.
-        """
-        plate = data_plate_for(x, num_data)
+    def _forward(self, x, y, mask, plate) -> torch.Tensor:
         h, key_mask = self._encode(self._standardize(x), mask, plate)  # (s, N, T, d)
-        if key_mask is None:
-            pooled = h[:, :, -1] if self.pooling == "last" else h.mean(dim=2)
-        elif self.pooling == "last":
-            last = key_mask.long().cumsum(1).argmax(1)  # (N,) index of the last real step
-            pooled = h[:, torch.arange(h.shape[1], device=h.device), last]  # (s, N, d)
-        else:
-            weights = key_mask.to(h.dtype)  # (N, T)
-            pooled = torch.einsum("sntd,nt->snd", h, weights) / weights.sum(-1, keepdim=True)
-        f = self.head(pooled)  # (s, N, H or 1)
+        f = self.head(pool(h, key_mask, self.pooling))  # (s, N, H or 1)
         return self._observe(f if self.horizon else f[..., 0], y, plate)
 
 
@@ -279,10 +212,16 @@ class Seq2Seq(_RegressionModel):
             the encoder's self-attention; the decoder gets the ``LogitScalePrior`` (if given)
             and the head gates.
 
+    Shapes:
+        ``forward(x, y=None, mask=None, *, num_data=None)``: ``x (N, T, F)`` the past in the
+        data's units, ``y (N, H)`` float future values or None, ``mask (N, T)`` bool or None ->
+        ``loc (*draws, N, H)``: the forecast mean under each draw.
+
     Raises:
         ValueError, TypeError: as ``SequenceRegressor``.
     """
 
+    @takes_encoder_options
     def __init__(
         self,
         in_features: int,
@@ -296,78 +235,32 @@ class Seq2Seq(_RegressionModel):
         x_scale: float | Sequence[float] = 1.0,
         y_loc: float | Sequence[float] = 0.0,
         y_scale: float | Sequence[float] = 1.0,
-        d_model: int = 64,
-        num_heads: int = 4,
-        num_layers: int = 2,
-        d_ff: int = 128,
-        dropout: float = 0.1,
-        norm_first: bool = True,
-        layer_norm: bool = True,
-        hard_attention: bool = False,
-        bayesian: Iterable[str] | str = ("attention", "head"),
-        weight_prior: priors.Normal | None = priors.Normal(scale=3.0),
-        attention_prior=priors.LogitScalePrior(),
-        head_prior: priors.HeadGatePrior | None = None,
+        **options,
     ) -> None:
         super().__init__()
-        if in_features is None:
-            raise ValueError("in_features must be an integer >= 1, got None")
+        config = _feature_config(in_features, max_len, **options)
         check_sizes(horizon=horizon)
-        num_decoder_layers = num_layers if num_decoder_layers is None else num_decoder_layers
+        num_decoder_layers = config.num_layers if num_decoder_layers is None else num_decoder_layers
         check_sizes(num_decoder_layers=num_decoder_layers)
-        self._build_encoder(
-            in_features=in_features,
-            vocab_size=None,
-            max_len=max_len,
-            grid=None,
-            d_model=d_model,
-            num_heads=num_heads,
-            num_layers=num_layers,
-            d_ff=d_ff,
-            dropout=dropout,
-            norm_first=norm_first,
-            layer_norm=layer_norm,
-            hard_attention=hard_attention,
-            bayesian=bayesian,
-            weight_prior=weight_prior,
-            attention_prior=attention_prior,
-            head_prior=head_prior,
-        )
-        self._build_likelihood(
-            horizon=horizon,
-            likelihood=likelihood,
-            df=df,
-            x_loc=x_loc,
-            x_scale=x_scale,
-            y_loc=y_loc,
-            y_scale=y_scale,
-        )
+        self._build_encoder(config)
+        self._build_likelihood(horizon, likelihood, df, (x_loc, x_scale), (y_loc, y_scale))
         self.config["num_decoder_layers"] = num_decoder_layers
-        parts = self.bayesian_parts
         decoder_priors = tuple(
-            spec
-            for spec in priors.attention_specs(attention_prior)
-            if isinstance(spec, priors.LogitScalePrior)
+            spec for spec in config.attention_prior if isinstance(spec, priors.LogitScalePrior)
         )
         self.decoder = TransformerDecoder(
             num_decoder_layers,
-            d_model,
-            num_heads,
-            d_ff,
-            norm_first=norm_first,
-            layer_norm=layer_norm,
-            hard_attention=hard_attention,
-            bayesian=parts,
-            dropout=dropout,
-            weight_prior=weight_prior,
+            config.d_model,
+            config.num_heads,
+            config.d_ff,
             attention_prior=decoder_priors,
-            head_prior=head_prior,
+            **config.block_options(),
         )
-        self.queries = nn.Parameter(torch.empty(horizon, d_model))  # one per future step
+        self.queries = nn.Parameter(torch.empty(horizon, config.d_model))  # one per future step
         self.reset_parameters()
-        code = sinusoid_table(max_len + horizon, d_model)[max_len:]  # positions T+1..T+H
+        code = sinusoid_table(max_len + horizon, config.d_model)[max_len:]  # positions T+1..T+H
         self.register_buffer("query_positions", code, persistent=False)  # (H, d)
-        self.head = BayesLinear(d_model, 1, bayesian="head" in parts, prior=weight_prior)
+        self._build_head(1)
 
     def reset_parameters(self) -> None:
         """Re-draw the decoder queries from N(0, 0.02²) (every fit does, from its seed)."""
@@ -378,26 +271,7 @@ class Seq2Seq(_RegressionModel):
         """``"encoder.self"``, ``"decoder.self"`` and ``"decoder.cross"``, one per layer."""
         return {"encoder.self": self.encoder.attention_modules, **self.decoder.attention_modules}
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        y: torch.Tensor | None = None,
-        mask: torch.Tensor | None = None,
-        *,
-        num_data: int | None = None,
-    ) -> torch.Tensor:
-        """Run the model; observe ``y`` when given, sample it otherwise.
-
-        Args:
-            x: ``(N, T, F)`` float features of the past, in the data's units.
-            y: ``(N, H)`` float future values, or None.
-            mask: ``(N, T)`` bool, True = real step, or None.
-            num_data: size of the full data set when ``x`` is a mini-batch.
-
-        Returns:
-            ``loc (*draws, N, H)``: the forecast mean under each draw.
-        """
-        plate = data_plate_for(x, num_data)
+    def _forward(self, x, y, mask, plate) -> torch.Tensor:
         memory, key_mask = self._encode(self._standardize(x), mask, plate)  # (s, N, T, d)
         queries = (self.queries + self.query_positions).expand(1, x.shape[0], -1, -1)
         h = self.decoder(queries, memory, memory_mask=key_mask)  # (s, N, H, d)

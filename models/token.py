@@ -3,20 +3,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
-import pyro
-import pyro.distributions as dist
 import torch
 
-from probtransformer import priors
-from probtransformer.layers import BayesLinear
-from probtransformer.models._base import (
-    TransformerModel,
-    align_draws,
-    check_labels,
-    data_plate_for,
-)
+from probtransformer.models._base import TransformerModel
+from probtransformer.models._config import EncoderConfig, takes_encoder_options
+from probtransformer.models.heads import CategoricalHead
 
 
 class TokenTagger(TransformerModel):
@@ -37,10 +30,15 @@ class TokenTagger(TransformerModel):
         Others: as ``SequenceClassifier`` (``grid`` for 2-D positions, ``bayesian``,
             ``weight_prior``, ``attention_prior``, ``head_prior``, sizes, dropout).
 
+    Shapes:
+        ``forward(x, y=None, mask=None, *, num_data=None)``: ``x`` as ``SequenceClassifier``,
+        ``y (N, T)`` int64 labels or None -> ``logits (*draws, N, T, C)``.
+
     Raises:
         ValueError, TypeError: as ``SequenceClassifier``.
     """
 
+    @takes_encoder_options
     def __init__(
         self,
         in_features: int | None,
@@ -50,89 +48,20 @@ class TokenTagger(TransformerModel):
         vocab_size: int | None = None,
         causal: bool = False,
         grid: tuple[int, int] | None = None,
-        d_model: int = 64,
-        num_heads: int = 4,
-        num_layers: int = 2,
-        d_ff: int = 128,
-        dropout: float = 0.1,
-        norm_first: bool = True,
-        layer_norm: bool = True,
-        hard_attention: bool = False,
-        bayesian: Iterable[str] | str = ("attention", "head"),
-        weight_prior: priors.Normal | None = priors.Normal(scale=3.0),
-        attention_prior=priors.LogitScalePrior(),
-        head_prior: priors.HeadGatePrior | None = None,
+        **options,
     ) -> None:
         super().__init__()
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
             raise ValueError(f"num_classes must be >= 2 (an integer), got {num_classes!r}")
-        self._build_encoder(
-            in_features=in_features,
-            vocab_size=vocab_size,
-            max_len=max_len,
-            grid=grid,
-            d_model=d_model,
-            num_heads=num_heads,
-            num_layers=num_layers,
-            d_ff=d_ff,
-            dropout=dropout,
-            norm_first=norm_first,
-            layer_norm=layer_norm,
-            hard_attention=hard_attention,
-            bayesian=bayesian,
-            weight_prior=weight_prior,
-            attention_prior=attention_prior,
-            head_prior=head_prior,
-            causal=causal,
-        )
+        config = EncoderConfig(max_len, in_features, vocab_size, grid, **options, causal=causal)
+        self._build_encoder(config)
         self.num_classes = num_classes
         self.config.update(in_features=in_features, num_classes=num_classes, causal=causal)
-        self.head = BayesLinear(
-            d_model, num_classes, bayesian="head" in self.bayesian_parts, prior=weight_prior
-        )
+        self._build_head(num_classes, CategoricalHead, per_step=True)
 
-    def validate(
-        self, x: torch.Tensor, y: torch.Tensor | None = None, mask: torch.Tensor | None = None
-    ) -> None:
-        """Check inputs: ``x`` as ``check_sequence_inputs``, ``y`` int64 ``(N, T)`` labels.
-
-        Raises:
-            TypeError, ValueError: see ``check_sequence_inputs`` and ``check_labels``.
-        """
-        self._check_inputs(x, y, mask)
-        if y is not None:
-            check_labels(y, tuple(x.shape[:2]), self.num_classes, dims="(N, T)")
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        y: torch.Tensor | None = None,
-        mask: torch.Tensor | None = None,
-        *,
-        num_data: int | None = None,
-    ) -> torch.Tensor:
-        """Run the model; observe ``y`` when given, sample it otherwise.
-
-        Args:
-            x: ``(N, T, F)`` float features or ``(N, T)`` int64 token ids.
-            y: ``(N, T)`` int64 labels or None.
-            mask: ``(N, T)`` bool, True = real step, or None.
-            num_data: size of the full data set when ``x`` is a mini-batch.
-
-        Returns:
-            logits ``(*draws, N, T, C)``.
-        """
-        plate = data_plate_for(x, num_data)
+    def _forward(self, x, y, mask, plate) -> torch.Tensor:
         h, _ = self._encode(x, mask, plate)  # (s, N, T, d)
-        logits = align_draws(self.head(h))  # (*draws, N, T, C)
-        fn = dist.Categorical(logits=logits)
-        if mask is not None:
-            fn = fn.mask(mask)  # padded steps add nothing to the likelihood
-        with plate:
-            if y is None:
-                pyro.deterministic("logits", logits, event_dim=2)
-            pyro.sample(self.likelihood_site, fn.to_event(1), obs=y)
-        return logits
+        return self.head.observe(h, y, plate, mask=mask, site=self.likelihood_site)
 
 
 class CausalLM(TokenTagger):
@@ -155,24 +84,8 @@ class CausalLM(TokenTagger):
         TypeError: ``vocab`` neither an int nor a sequence of str.
     """
 
-    def __init__(
-        self,
-        vocab: Sequence[str] | int,
-        max_len: int,
-        *,
-        d_model: int = 64,
-        num_heads: int = 4,
-        num_layers: int = 2,
-        d_ff: int = 128,
-        dropout: float = 0.1,
-        norm_first: bool = True,
-        layer_norm: bool = True,
-        hard_attention: bool = False,
-        bayesian: Iterable[str] | str = ("attention", "head"),
-        weight_prior: priors.Normal | None = priors.Normal(scale=3.0),
-        attention_prior=priors.LogitScalePrior(),
-        head_prior: priors.HeadGatePrior | None = None,
-    ) -> None:
+    @takes_encoder_options
+    def __init__(self, vocab: Sequence[str] | int, max_len: int, **options) -> None:
         if isinstance(vocab, int) and not isinstance(vocab, bool):
             tokens, size = None, vocab
         elif isinstance(vocab, Sequence) and not isinstance(vocab, str):
@@ -188,25 +101,7 @@ class CausalLM(TokenTagger):
             )
         if size < 2:
             raise ValueError(f"vocab must hold at least 2 tokens, got {size}")
-        super().__init__(
-            None,
-            size,
-            max_len,
-            vocab_size=size,
-            causal=True,
-            d_model=d_model,
-            num_heads=num_heads,
-            num_layers=num_layers,
-            d_ff=d_ff,
-            dropout=dropout,
-            norm_first=norm_first,
-            layer_norm=layer_norm,
-            hard_attention=hard_attention,
-            bayesian=bayesian,
-            weight_prior=weight_prior,
-            attention_prior=attention_prior,
-            head_prior=head_prior,
-        )
+        super().__init__(None, size, max_len, vocab_size=size, causal=True, **options)
         self.vocab = tokens
         for key in ("in_features", "num_classes", "vocab_size", "causal"):
             del self.config[key]

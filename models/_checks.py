@@ -1,0 +1,144 @@
+"""Input checks of the built-in models: sizes, sequences of features or token ids, masks,
+class labels and real-valued targets. Each raises ``TypeError``/``ValueError`` naming what was
+expected and what arrived."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "check_labels",
+    "check_sequence_inputs",
+    "check_sizes",
+    "check_values",
+]
+
+
+def _describe(t: torch.Tensor) -> str:
+    return f"shape {tuple(t.shape)} and dtype {t.dtype}"
+
+
+def check_sizes(**sizes: object) -> None:
+    """Raise ``ValueError`` unless every value is an int ``>= 1`` (bools refused)."""
+    for name, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value_and_type(value)}")
+
+
+def value_and_type(value: object) -> str:
+    """``value`` for an error message, with its type when that is what is wrong (a NumPy
+    integer prints like an int)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return repr(value)
+    return f"{value!r} of type {type(value).__name__} (pass a Python int)"
+
+
+def check_sequence_inputs(
+    x: torch.Tensor,
+    y: torch.Tensor | None,
+    mask: torch.Tensor | None,
+    *,
+    in_features: int | None,
+    max_len: int,
+    num_classes: int | None = None,
+    vocab_size: int | None = None,
+) -> None:
+    """Validate ``(x, y, mask)`` for a sequence model.
+
+    ``x`` is ``(N, T, F)`` float features, or with ``vocab_size`` ``(N, T)`` int64 token ids in
+    ``[0, vocab_size)``. With ``num_classes``, ``y`` must be ``(N,)`` int64 labels (models with
+    other targets check ``y`` themselves: ``check_labels``, ``check_values``).
+
+    Raises:
+        TypeError: wrong type or dtype.
+        ValueError: wrong rank or size, an empty batch, non-finite features, token ids or labels
+            out of range, a mask of the wrong shape, or a sequence that is all padding.
+    """
+    if not isinstance(x, torch.Tensor):
+        expected = "(N, T) token ids" if vocab_size else "(N, T, F)"
+        raise TypeError(f"x must be a torch.Tensor of shape {expected}, got {type(x).__name__}")
+    if vocab_size is not None:
+        if x.dim() != 2:
+            raise ValueError(f"x must hold token ids of shape (N, T), got {_describe(x)}")
+        if x.dtype != torch.int64:
+            raise TypeError(f"x must hold int64 token ids of shape (N, T), got {_describe(x)}")
+    else:
+        if x.dim() != 3:
+            raise ValueError(f"x must have shape (N, T, F={in_features}), got {_describe(x)}")
+        if not x.is_floating_point():
+            raise TypeError(f"x must be a floating-point tensor of features, got {_describe(x)}")
+    N, T = x.shape[:2]
+    if N == 0 or T == 0:
+        raise ValueError(
+            f"x must hold at least one sequence of at least one step, got {_describe(x)}"
+        )
+    if vocab_size is None and x.shape[2] != in_features:
+        raise ValueError(f"x must have F={in_features} features per step, got {_describe(x)}")
+    if T > max_len:
+        raise ValueError(f"x has T={T} steps but the model was built for max_len={max_len}")
+    if vocab_size is not None:
+        if x.min() < 0 or x.max() >= vocab_size:
+            raise ValueError(
+                f"x must hold token ids in [0, {vocab_size}), got values in "
+                f"[{int(x.min())}, {int(x.max())}]"
+            )
+    elif not torch.isfinite(x).all():
+        raise ValueError("x contains NaN or inf values")
+    if mask is not None:
+        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+            got = _describe(mask) if isinstance(mask, torch.Tensor) else type(mask).__name__
+            raise TypeError(f"mask must be a bool tensor of shape (N, T)=({N}, {T}), got {got}")
+        if tuple(mask.shape) != (N, T):
+            raise ValueError(f"mask must have shape (N, T)=({N}, {T}), got {tuple(mask.shape)}")
+        if mask.device != x.device:
+            raise ValueError(f"mask is on {mask.device} but x is on {x.device}")
+        empty = (~mask.any(dim=1)).nonzero().flatten()
+        if len(empty):
+            rows = ", ".join(map(str, empty[:5].tolist())) + (", ..." if len(empty) > 5 else "")
+            raise ValueError(
+                f"mask marks every step of sequence(s) {rows} as padding: each sequence needs "
+                "at least one real step"
+            )
+    if y is not None:
+        if not isinstance(y, torch.Tensor):
+            raise TypeError(f"y must be a torch.Tensor, got {type(y).__name__}")
+        if y.device != x.device:
+            raise ValueError(f"y is on {y.device} but x is on {x.device}")
+        if num_classes is not None:
+            check_labels(y, (N,), num_classes, dims="(N,)")
+
+
+def check_labels(
+    y: torch.Tensor, shape: tuple[int, ...], num_classes: int, *, dims: str = ""
+) -> None:
+    """``y`` must be int64 of ``shape`` (named ``dims``, e.g. ``"(N, T)"``) with values in
+    ``[0, num_classes)``.
+
+    Raises:
+        TypeError: not int64. ValueError: wrong shape or a label out of range.
+    """
+    if not isinstance(y, torch.Tensor) or y.dtype != torch.int64:
+        got = _describe(y) if isinstance(y, torch.Tensor) else type(y).__name__
+        raise TypeError(f"y must be int64 class labels of shape {dims}={shape}, got {got}")
+    if tuple(y.shape) != shape:
+        raise ValueError(f"y must have shape {dims}={shape}, got {tuple(y.shape)}")
+    if y.numel() and (y.min() < 0 or y.max() >= num_classes):
+        raise ValueError(
+            f"y must hold labels in [0, {num_classes}), got values in "
+            f"[{int(y.min())}, {int(y.max())}]"
+        )
+
+
+def check_values(y: torch.Tensor, shape: tuple[int, ...], *, dims: str = "") -> None:
+    """``y`` must be a finite float tensor of ``shape`` (named ``dims``, e.g. ``"(N, H)"``).
+
+    Raises:
+        TypeError: not floating point. ValueError: wrong shape, NaN or inf.
+    """
+    if not isinstance(y, torch.Tensor) or not y.is_floating_point():
+        got = _describe(y) if isinstance(y, torch.Tensor) else type(y).__name__
+        raise TypeError(f"y must be a float tensor of shape {dims}={shape}, got {got}")
+    if tuple(y.shape) != shape:
+        raise ValueError(f"y must have shape {dims}={shape}, got {tuple(y.shape)}")
+    if not torch.isfinite(y).all():
+        raise ValueError("y contains NaN or inf values: drop or impute those targets first")

@@ -1,0 +1,229 @@
+"""The options of the built-in Transformer models, in one frozen dataclass (as nanoGPT's
+``GPTConfig``), and the decorator that shows them in each model's constructor signature."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, fields
+
+from probtransformer import priors
+from probtransformer.block import BAYESIAN_PARTS
+from probtransformer.models._checks import check_sizes, value_and_type
+
+__all__ = ["OPTIONS", "EncoderConfig", "takes_encoder_options"]
+
+
+def _parse_bayesian(bayesian: Iterable[str] | str) -> frozenset[str]:
+    if isinstance(bayesian, str):
+        bayesian = (bayesian,)
+    if not isinstance(bayesian, Iterable) or not all(isinstance(p, str) for p in bayesian):
+        raise TypeError(
+            f"bayesian must be a str or an iterable of str among {BAYESIAN_PARTS}, got {bayesian!r}"
+        )
+    parts = tuple(bayesian)
+    unknown = sorted(set(parts) - set(BAYESIAN_PARTS))
+    if unknown:
+        raise ValueError(f"bayesian must name parts among {BAYESIAN_PARTS}, got unknown {unknown}")
+    return frozenset(parts)
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    """What the input embedding and the encoder stack of a built-in model are built from.
+
+    Each model builds one from its constructor arguments and hands it to
+    ``TransformerModel._build_encoder``. The fields named in ``OPTIONS`` are the keyword
+    arguments every model takes (documented in ``SequenceClassifier``); the others describe the
+    input or are fixed by the model. Validated once, in ``__post_init__``, which also stores
+    ``bayesian`` as a frozenset, ``attention_prior`` as a tuple of specs and ``grid`` as a tuple.
+
+    Raises:
+        ValueError: both or neither of ``in_features`` and ``vocab_size``; a size < 1 (``d_ff``
+            < 0); ``dropout`` outside [0, 1); a ``grid`` that is not two sizes; an unknown
+            ``bayesian`` part, or a part that ``layer_norm=False`` or ``d_ff=0`` removes.
+        TypeError: ``in_features`` not an int; ``layer_norm`` or ``hard_attention`` not a bool;
+            ``bayesian`` not strings; a prior of the wrong spec type.
+    """
+
+    max_len: int  # longest sequence T: sizes the positional table, no sensible default
+    in_features: int | None = None  # features per step F; None for token ids (vocab_size)
+    vocab_size: int | None = None  # token ids in [0, vocab_size); None for features
+    grid: tuple[int, int] | None = None  # None: 1-D positions; (rows, cols) for image patches
+    # Width 64, 4 heads, 2 layers, d_ff = 2 d_model, dropout 0.1: the digits defaults, chosen on
+    # the validation split (benchmarks/BENCHMARKS.md, "Digits classifier"); the fit takes a
+    # minute on 2 CPU cores and meets the accuracy, NLL and ECE targets.
+    d_model: int = 64
+    num_heads: int = 4  # d_head = 16, wide enough per head at d_model 64
+    num_layers: int = 2
+    d_ff: int = 128  # 2 * d_model; 0 drops the feed-forward sublayer (an ablation)
+    dropout: float = 0.1  # used by point-estimate parts and MC dropout; inert for latent ones
+    norm_first: bool = True  # pre-norm: trains without warm-up at these small sizes
+    layer_norm: bool = True  # False is the LayerNorm ablation of benchmarks/claims.py
+    hard_attention: bool = False  # True is the hard-attention ablation of benchmarks/claims.py
+    # Attention projections and the head latent, the rest point estimates: latent attention is
+    # what the package is about, the latent head carries the predictive uncertainty, and keeping
+    # the embedding and feed-forward deterministic keeps mean-field SVI fast (stored as a
+    # frozenset after validation).
+    bayesian: Iterable[str] | str = ("attention", "head")
+    # sd 3 / sqrt(fan_in): chosen on the digits validation split; the variance-preserving scale
+    # 1 shrinks the output logits and leaves predictions under-confident (validation NLL 0.119
+    # vs 0.064, ECE 0.030 vs 0.024).
+    weight_prior: priors.Normal | None = priors.Normal(scale=3.0)
+    # A per-head temperature (median at the usual 1 / sqrt(d_head) scaling): its posterior says
+    # how sharply each head attends, at the cost of num_heads latents per layer (stored as a
+    # tuple of specs after validation).
+    attention_prior: priors.AttentionSpec | Sequence[priors.AttentionSpec] | None = (
+        priors.LogitScalePrior()
+    )
+    head_prior: priors.HeadGatePrior | None = None  # head gates are opt-in (head pruning study)
+    causal: bool = False  # set by the model: True for language models and causal taggers
+    cls_token: bool = False  # set by the model: True for CLS pooling
+
+    def __post_init__(self) -> None:
+        in_features, vocab_size = self.in_features, self.vocab_size
+        if (in_features is None) == (vocab_size is None):
+            raise ValueError(
+                "give exactly one of in_features (feature sequences) and vocab_size (token ids); "
+                f"got in_features={in_features!r}, vocab_size={vocab_size!r}"
+            )
+        if in_features is not None and not isinstance(in_features, int):
+            raise TypeError(
+                "in_features must be an int (features per step), or None for token ids with "
+                f"vocab_size=len(vocab); got {type(in_features).__name__}"
+            )
+        check_sizes(**self.input_sizes)
+        d_ff = self.d_ff
+        if isinstance(d_ff, bool) or not isinstance(d_ff, int) or d_ff < 0:
+            raise ValueError(
+                f"d_ff must be an integer >= 0 (0: no feed-forward), got {value_and_type(d_ff)}"
+            )
+        for name in ("layer_norm", "hard_attention"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        grid = self.grid
+        if grid is not None:
+            if not (isinstance(grid, (tuple, list)) and len(grid) == 2):
+                raise ValueError(f"grid must be (rows, cols) of patches, got {grid!r}")
+            check_sizes(grid_rows=grid[0], grid_cols=grid[1])
+            object.__setattr__(self, "grid", (int(grid[0]), int(grid[1])))
+        weight_prior = self.weight_prior
+        if weight_prior is not None and not isinstance(weight_prior, priors.Normal):
+            raise TypeError(
+                f"weight_prior must be a priors.Normal or None, got {type(weight_prior).__name__}"
+            )
+        object.__setattr__(self, "attention_prior", priors.attention_specs(self.attention_prior))
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        parts = _parse_bayesian(self.bayesian)
+        if "norm" in parts and not self.layer_norm:
+            raise ValueError("bayesian includes 'norm', but layer_norm=False drops LayerNorm")
+        if "ffn" in parts and not d_ff:
+            raise ValueError("bayesian includes 'ffn', but d_ff=0 drops the feed-forward layers")
+        object.__setattr__(self, "bayesian", parts)
+
+    @property
+    def input_sizes(self) -> dict[str, int]:
+        """The sizes that must be ``>= 1``, in the order the protocol's config lists them."""
+        if self.vocab_size is None:
+            inputs = {"in_features": self.in_features}
+        else:
+            inputs = {"vocab_size": self.vocab_size}
+        return dict(
+            **inputs,
+            max_len=self.max_len,
+            d_model=self.d_model,
+            num_heads=self.num_heads,
+            num_layers=self.num_layers,
+        )
+
+    def block_options(self) -> dict:
+        """Keyword arguments every Transformer block of the model takes (encoder and decoder)."""
+        return dict(
+            dropout=self.dropout,
+            norm_first=self.norm_first,
+            bayesian=self.bayesian,
+            weight_prior=self.weight_prior,
+            head_prior=self.head_prior,
+            layer_norm=self.layer_norm,
+            hard_attention=self.hard_attention,
+        )
+
+    def to_dict(self) -> dict:
+        """The encoder's part of the model protocol's JSON ``config`` (priors as dicts).
+
+        ``grid``, ``layer_norm=False`` and ``hard_attention=True`` are recorded only when set,
+        so configs saved before those options existed load as they are.
+        """
+        specs = self.attention_prior
+        config = dict(
+            **self.input_sizes,
+            d_ff=self.d_ff,
+            grid=self.grid and list(self.grid),
+            dropout=self.dropout,
+            norm_first=self.norm_first,
+            bayesian=sorted(self.bayesian),
+            weight_prior=priors.to_config(self.weight_prior),
+            attention_prior=priors.to_config(specs[0] if len(specs) == 1 else specs or None),
+            head_prior=priors.to_config(self.head_prior),
+        )
+        if self.grid is None:
+            del config["grid"]
+        if not self.layer_norm:
+            config["layer_norm"] = False
+        if self.hard_attention:
+            config["hard_attention"] = True
+        return config
+
+
+#: The ``EncoderConfig`` fields every built-in model takes as keyword arguments.
+OPTIONS = (
+    "d_model",
+    "num_heads",
+    "num_layers",
+    "d_ff",
+    "dropout",
+    "norm_first",
+    "layer_norm",
+    "hard_attention",
+    "bayesian",
+    "weight_prior",
+    "attention_prior",
+    "head_prior",
+)
+
+
+def takes_encoder_options(init: Callable) -> Callable:
+    """Decorate a model's ``__init__(self, ..., **options)`` that passes ``options`` on to
+    ``EncoderConfig``.
+
+    The constructor's signature gains the ``OPTIONS`` as keyword-only parameters with
+    ``EncoderConfig``'s defaults, so ``help()``, ``inspect.signature`` and the CLI read them
+    from the one place they are defined, and a call with a name that is neither the
+    constructor's own nor an option raises ``TypeError`` as Python does.
+    """
+    own = inspect.signature(init)
+    defaults = {f.name: f for f in fields(EncoderConfig)}
+    options = [
+        inspect.Parameter(
+            name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=defaults[name].default,
+            annotation=defaults[name].type,
+        )
+        for name in OPTIONS
+    ]
+    kept = [p for p in own.parameters.values() if p.kind != inspect.Parameter.VAR_KEYWORD]
+    signature = own.replace(parameters=[*kept, *options])
+
+    @functools.wraps(init)
+    def checked(self, *args, **kwargs) -> None:
+        try:
+            signature.bind(self, *args, **kwargs)
+        except TypeError as e:  # a missing or unknown argument, named as Python names it
+            raise TypeError(f"{init.__qualname__}() {e}") from None
+        init(self, *args, **kwargs)
+
+    checked.__signature__ = signature
+    return checked

@@ -24,23 +24,15 @@ Transformers. Each one differs from its Transformer in the sequence mixer only:
 
 from __future__ import annotations
 
-import pyro
-import pyro.distributions as dist
 import torch
-from pyro.nn import PyroModule
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from probtransformer import priors
 from probtransformer.embedding import FeatureEmbedding, TokenEmbedding
-from probtransformer.layers import BayesLinear
-from probtransformer.models._base import (
-    align_draws,
-    check_labels,
-    check_sequence_inputs,
-    check_sizes,
-    data_plate_for,
-)
+from probtransformer.models._base import SequenceModel
+from probtransformer.models._checks import check_sizes
+from probtransformer.models.heads import CategoricalHead, pool
 
 #: Prior of the latent output head: the built-in Transformer models' default ``weight_prior``.
 HEAD_PRIOR = priors.Normal(scale=3.0)
@@ -55,7 +47,7 @@ def check_prefix_mask(mask: torch.Tensor | None) -> None:
         )
 
 
-class _LSTMModel(PyroModule):
+class _LSTMModel(SequenceModel):
     """Embedding -> ``nn.LSTM`` -> a latent linear head; subclasses add pooling and likelihood.
 
     Args:
@@ -69,7 +61,8 @@ class _LSTMModel(PyroModule):
         bidirectional: a forward and a backward LSTM, outputs concatenated.
     """
 
-    likelihood_site = "y"
+    #: One label per sequence (classification) or per step (tagging, language modelling).
+    per_step = False
 
     def __init__(
         self,
@@ -115,18 +108,15 @@ class _LSTMModel(PyroModule):
             d_model, hidden_size, num_layers, batch_first=True, bidirectional=bidirectional
         )
         width = hidden_size * (2 if bidirectional else 1)
-        self.head = BayesLinear(width, num_classes, bayesian=True, prior=HEAD_PRIOR)
-
-    def _check_inputs(self, x, y, mask, *, num_classes: int | None = None) -> None:
-        check_sequence_inputs(
-            x,
-            y,
-            mask,
-            in_features=self.in_features,
-            max_len=self.max_len,
-            num_classes=num_classes,
-            vocab_size=self.vocab_size,
+        self.head = CategoricalHead(
+            width, num_classes, per_step=self.per_step, bayesian=True, prior=HEAD_PRIOR
         )
+
+    def validate(
+        self, x: torch.Tensor, y: torch.Tensor | None = None, mask: torch.Tensor | None = None
+    ) -> None:
+        """Check inputs as the Transformer counterpart's ``validate`` does, and right padding."""
+        super().validate(x, y, mask)
         check_prefix_mask(mask)
 
     def _encode(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -150,34 +140,9 @@ class LSTMClassifier(_LSTMModel):
     Arguments as ``_LSTMModel`` (bidirectional by default).
     """
 
-    def validate(
-        self, x: torch.Tensor, y: torch.Tensor | None = None, mask: torch.Tensor | None = None
-    ) -> None:
-        """Check inputs as ``SequenceClassifier.validate`` does, and right padding."""
-        self._check_inputs(x, y, mask, num_classes=self.num_classes)
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        y: torch.Tensor | None = None,
-        mask: torch.Tensor | None = None,
-        *,
-        num_data: int | None = None,
-    ) -> torch.Tensor:
-        """Observe ``y (N,)`` when given, sample it otherwise; returns ``logits (*draws, N, C)``."""
-        plate = data_plate_for(x, num_data)
-        h = self._encode(x, mask)  # (1, N, T, width)
-        if mask is None:
-            pooled = h.mean(dim=2)
-        else:
-            weights = mask.to(h.dtype)
-            pooled = torch.einsum("sntd,nt->snd", h, weights) / weights.sum(-1, keepdim=True)
-        logits = align_draws(self.head(pooled))  # (*draws, N, C)
-        with plate:
-            if y is None:
-                pyro.deterministic("logits", logits, event_dim=1)
-            pyro.sample(self.likelihood_site, dist.Categorical(logits=logits), obs=y)
-        return logits
+    def _forward(self, x, y, mask, plate) -> torch.Tensor:
+        pooled = pool(self._encode(x, mask), mask, "mean")  # (1, N, width)
+        return self.head.observe(pooled, y, plate, site=self.likelihood_site)  # (*draws, N, C)
 
 
 class LSTMTagger(_LSTMModel):
@@ -189,34 +154,11 @@ class LSTMTagger(_LSTMModel):
     of ``causal=True``). Arguments as ``_LSTMModel``.
     """
 
-    def validate(
-        self, x: torch.Tensor, y: torch.Tensor | None = None, mask: torch.Tensor | None = None
-    ) -> None:
-        """Check inputs as ``TokenTagger.validate`` does, and right padding."""
-        self._check_inputs(x, y, mask)
-        if y is not None:
-            check_labels(y, tuple(x.shape[:2]), self.num_classes, dims="(N, T)")
+    per_step = True
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        y: torch.Tensor | None = None,
-        mask: torch.Tensor | None = None,
-        *,
-        num_data: int | None = None,
-    ) -> torch.Tensor:
-        """Observe ``y (N, T)`` when given, sample it otherwise; returns ``logits
-        (*draws, N, T, C)``."""
-        plate = data_plate_for(x, num_data)
-        logits = align_draws(self.head(self._encode(x, mask)))  # (*draws, N, T, C)
-        fn = dist.Categorical(logits=logits)
-        if mask is not None:
-            fn = fn.mask(mask)  # padded steps add nothing to the likelihood
-        with plate:
-            if y is None:
-                pyro.deterministic("logits", logits, event_dim=2)
-            pyro.sample(self.likelihood_site, fn.to_event(1), obs=y)
-        return logits
+    def _forward(self, x, y, mask, plate) -> torch.Tensor:
+        h = self._encode(x, mask)  # (1, N, T, width)
+        return self.head.observe(h, y, plate, mask=mask, site=self.likelihood_site)
 
 
 class LSTMLM(LSTMTagger):

@@ -10,6 +10,7 @@ checkpoints (``inference.checkpoint``), Ctrl-C handling and a ``Posterior`` at t
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import os
 import time
@@ -111,6 +112,10 @@ def _check_data(model: torch.nn.Module, data: SequenceData) -> None:
     check_model_structure(model, data)
 
 
+#: The settings ``_check_fit`` checks, in its order.
+_CHECKED_SETTINGS = ("guide", "num_steps", "batch_size", "lr", "lr_decay", "num_particles")
+
+
 def _check_fit(model, data, guide, num_steps, batch_size, lr, lr_decay, num_particles) -> None:
     """The checks of ``svi_init``'s arguments, in the order their errors are reported."""
     check_model(model)
@@ -129,53 +134,41 @@ def _check_fit(model, data, guide, num_steps, batch_size, lr, lr_decay, num_part
         raise ValueError(f"lr_decay must be in (0, 1], got {lr_decay!r}")
 
 
-def svi_init(
-    model: torch.nn.Module,
-    data: SequenceData,
-    *,
-    guide: str = "normal",
-    num_steps: int = 3000,
-    batch_size: int = 128,
-    lr: float = 3e-3,
-    lr_decay: float = 0.1,
-    num_particles: int = 1,
-    init_scale: float = 1e-3,
-    device: str | torch.device = "auto",
-    seed: int = 0,
-) -> SVIState:
+def svi_init(model: torch.nn.Module, data: SequenceData, **settings) -> SVIState:
     """The state of an SVI fit before its first step.
 
     Deep-copies ``model`` and re-initialises it from ``seed`` on ``device``, then, under
     ``seed``: builds the guide, evaluates the ELBO once on the first ``batch_size`` sequences
     with Pyro's validation on (this creates the guide's parameters and checks model and guide),
-    sets up Adam with an exponential learning-rate decay, and draws the first mini-batch
-    permutation. The arguments mean what they mean for ``fit_svi``, which is a loop of
-    ``svi_step`` over this state.
+    sets up Adam with an exponential learning-rate decay (``lr`` to ``lr * lr_decay`` at step
+    ``num_steps``, decaying on past it), and draws the first mini-batch permutation.
+    ``fit_svi`` is ``svi_init`` followed by ``num_steps`` calls of ``svi_step``.
 
     Args:
         model: a ``PyroModule`` following the model protocol; it is not modified.
         data: training split ``(N, ...)``; ``data.y`` required.
-        guide: ``"normal"`` | ``"lowrank"`` | ``"mvn"`` | ``"delta"`` (see ``build_guide``).
-        num_steps: steps over which the learning rate decays from ``lr`` to ``lr * lr_decay``.
-        batch_size: sequences per step (capped at ``N``).
-        lr: initial Adam learning rate.
-        lr_decay: final learning rate as a fraction of ``lr``, in (0, 1].
-        num_particles: ELBO particles per step (vectorized when > 1).
-        init_scale: initial guide standard deviation.
-        device: ``"auto"``, ``"cpu"``, ``"cuda"`` ...
-        seed: seeds initialisation, mini-batches and ELBO samples.
+        **settings: ``fit_svi``'s keyword arguments ``guide``, ``num_steps``, ``batch_size``,
+            ``lr``, ``lr_decay``, ``num_particles``, ``init_scale``, ``device`` and ``seed``,
+            with its defaults and meanings.
 
     Returns:
         An ``SVIState`` with ``step == 0``; the caller's torch RNG and Pyro param store are
         left as they were.
 
     Raises:
-        TypeError/ValueError: bad model, data or settings (the message names the argument).
+        TypeError: an unknown keyword; TypeError/ValueError: bad model, data or settings (the
+            message names the argument).
         NonFiniteELBOError: the first ELBO evaluation is non-finite.
     """
-    settings = (guide, num_steps, batch_size, lr, lr_decay, num_particles)
-    _check_fit(model, data, *settings)
-    return _init(model, data, *settings, init_scale, device, seed)
+    try:
+        bound = _INIT_SIGNATURE.bind(model, data, **settings)
+    except TypeError as e:
+        raise TypeError(f"svi_init(): {e}") from None
+    bound.apply_defaults()
+    given = bound.arguments
+    checked = tuple(given[name] for name in _CHECKED_SETTINGS)
+    _check_fit(model, data, *checked)
+    return _init(model, data, *checked, given["init_scale"], given["device"], given["seed"])
 
 
 def _init(
@@ -422,6 +415,18 @@ def fit_svi(
         where = f"; saved to {checkpoint_dir} (resume_from=...)" if checkpoint_dir else ""
         raise KeyboardInterrupt(f"fit_svi interrupted at step {state.step}{where}") from e
     return _posterior(state, num_steps, start)
+
+
+#: ``svi_init``'s signature: ``fit_svi``'s without the arguments of the loop around the steps.
+_INIT_SIGNATURE = inspect.signature(fit_svi).replace(
+    parameters=[
+        p
+        for p in inspect.signature(fit_svi).parameters.values()
+        if p.name not in ("progress", "checkpoint_every", "checkpoint_dir", "resume_from")
+    ],
+    return_annotation="SVIState",
+)
+svi_init.__signature__ = _INIT_SIGNATURE
 
 
 def _posterior(state: SVIState, steps_done: int, start: float) -> Posterior:

@@ -133,3 +133,5 @@ def test_svi_init_checks_its_arguments(data):
         svi_init(_model(), data, num_steps=3.0)
     with pytest.raises(ValueError, match="lr_decay must be in"):
         svi_init(_model(), data, lr_decay=0.0)
+    with pytest.raises(TypeError, match=r"svi_init\(\): got an unexpected keyword .*'progress'"):
+        svi_init(_model(), data, progress=False)  # the loop's setting, fit_svi's only

@@ -1,9 +1,14 @@
-"""Atomic replacement of output directories, shared by ``Posterior.save`` and the CLI."""
+"""Atomic replacement of output directories, shared by ``Posterior.save``, checkpoints and the
+CLI's run directories."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -24,6 +29,32 @@ def replace_directory(staging: Path, target: Path) -> None:
         old.rename(target)
         raise
     shutil.rmtree(old)
+
+
+@contextlib.contextmanager
+def staged_directory(target: str | os.PathLike) -> Iterator[Path]:
+    """A new, empty staging directory next to ``target`` for the block to fill.
+
+    When the block ends normally the staging directory replaces ``target``
+    (``replace_directory``); whatever ends it otherwise (an error, Ctrl-C) it is removed and
+    ``target`` is left as it was. The staging directory gets the usual (umask) permissions.
+
+    Raises:
+        OSError: ``target``'s parent or the staging directory cannot be created, or the move
+            fails.
+    """
+    target = Path(target).absolute()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        staging.chmod(0o777 & ~umask)  # mkdtemp makes 0700
+        yield staging
+        replace_directory(staging, target)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def read_versioned_json(path: Path, latest: int, what: str = "format_version") -> dict:

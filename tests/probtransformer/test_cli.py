@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -34,6 +35,7 @@ TINY = [
 ]  # fmt: skip
 NUM_SAMPLES = 10
 RUN_FILES = {"metrics.json", "inference_data.nc", "posterior", "attention.png", "reliability.png"}
+RUN_FILES |= {"diagnostics.json"}  # written by fit since the restructure (issue 14)
 METRIC_KEYS = {"accuracy", "nll", "ece", "brier", "mean_epistemic", "num_train", "num_test"}
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 T, F, C = 8, 8, 10  # digits: 8 steps of 8 pixels, 10 classes
@@ -669,3 +671,41 @@ def test_local_window_must_be_a_non_negative_integer(tmp_path, capsys):
     assert main(["fit", "--out", str(tmp_path / "run"), "--local-window", "-1"]) == 2
     assert "--local-window: expected an integer >= 0, got '-1'" in _one_error_line(capsys)
     assert not (tmp_path / "run").exists()
+
+
+def test_fit_records_the_diagnose_verdict_as_json(run, capsys):
+    run_dir, _ = run
+    recorded = json.loads((run_dir / "diagnostics.json").read_text())
+    assert (recorded["format_version"], recorded["seed"], recorded["num_train"]) == (1, 0, 1212)
+    assert main(["diagnose", str(run_dir)]) == 0  # recomputed: the same draws, the same verdict
+    out = capsys.readouterr().out
+    assert out.rstrip("\n").endswith("\n" + "\n".join(recorded["verdict"]))
+    assert recorded["verdict"][0] == "verdict (svi, 1 chain(s) x 100 draws):"
+    variables = [row["variable"] for row in recorded["table"]]
+    assert variables[-1] == "attention" and "head.weight" in variables
+    for row in recorded["table"]:
+        assert re.search(rf"^{re.escape(row['variable'])}\s+{row['size']}\s", out, re.MULTILINE)
+        assert row["r_hat_max"] is None and row["mean_sd"] > 0  # SVI: no R-hat, a spread
+    assert recorded["warnings"] == [line for line in recorded["verdict"] if line.startswith("WARN")]
+    assert recorded["ok"] is (not recorded["warnings"])
+    assert recorded["loo"]["n"] == 1212 and recorded["loo"]["elpd_loo"] < 0
+    assert isinstance(recorded["guide_k_hat"], float)
+
+
+def test_a_run_written_before_diagnostics_json_still_reads(tmp_path, capsys):
+    saved = Path(__file__).parents[1] / "fixtures" / "main-0fadaf9" / "run"
+    assert not (saved / "diagnostics.json").exists()
+    run_dir = tmp_path / "run"
+    shutil.copytree(saved, run_dir)
+    assert main(["diagnose", str(run_dir), "--num-samples", "10"]) == 0
+    out = capsys.readouterr().out
+    assert "verdict (svi, 1 chain(s) x 10 draws):" in out
+    assert re.search(r"LOO: elpd_loo .* of 60 ", out)  # the 60 training rows of that fit
+    np.save(tmp_path / "x.npy", np.zeros((2, T, F), np.float32))
+    assert main(["predict", str(run_dir), "--input", str(tmp_path / "x.npy")]) == 0
+    frame = pd.read_csv(io.StringIO(capsys.readouterr().out))
+    assert list(frame.columns) == PRED_COLUMNS and len(frame) == 2
+    assert main(["report", str(run_dir), "--num-samples", "2"]) == 0
+    html = (run_dir / "report.html").read_text(encoding="utf-8")
+    sections = re.findall(r'<h2 id="([a-z-]+)"', html)
+    assert sections[:3] == ["metrics", "reliability", "risk-coverage"]

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 import torch
 
-import probtransformer.cli
+import probtransformer.tasks.language_modeling
 from probtransformer import datasets, metrics
 from probtransformer.cli import main
 from probtransformer.inference import load_posterior
@@ -30,6 +30,7 @@ TINY = [
 ]  # fmt: skip
 DRAWS = 4
 COMMON_FILES = {"metrics.json", "inference_data.nc", "posterior", "attention.png"}
+COMMON_FILES |= {"diagnostics.json"}  # written by fit since the restructure (issue 14)
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SAMPLE_TOKENS = 12  # generated characters per samples.json entry (fit writes 80)
 IMAGE = re.compile(r'<img [^>]*src="data:image/png;base64,')
@@ -65,7 +66,7 @@ def lm_run(tmp_path_factory):
     """(run directory, printed output) of a tiny pydoc-text fit on 32 windows."""
     out = tmp_path_factory.mktemp("lm") / "run"
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(probtransformer.cli, "SAMPLE_TOKENS", SAMPLE_TOKENS)
+        patch.setattr(probtransformer.tasks.language_modeling, "SAMPLE_TOKENS", SAMPLE_TOKENS)
         printed = _fit(out, "--dataset", "pydoc-text", "--num-train", "32")
     return out, printed
 

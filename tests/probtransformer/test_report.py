@@ -22,6 +22,7 @@ TINY = [
     "--num-steps", "50", "--num-train", "100", "--num-samples", "10", "--no-progress",
 ]  # fmt: skip
 RUN_FILES = {"metrics.json", "inference_data.nc", "posterior", "attention.png", "reliability.png"}
+RUN_FILES |= {"diagnostics.json"}  # written by fit since the restructure (issue 14)
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 IMAGE = re.compile(r'<img [^>]*src="data:image/png;base64,([A-Za-z0-9+/=]+)"')
 

@@ -1,0 +1,40 @@
+"""The entry point of ``probtransformer``: parse, run the command, map errors to exit codes."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from probtransformer.cli._common import PROG, CLIError
+from probtransformer.cli.parser import build_parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI.
+
+    Args:
+        argv: arguments without the program name (default: ``sys.argv[1:]``).
+
+    Returns:
+        Exit status: 0 on success, 2 on bad arguments or files (one line on stderr), 1 when the
+        fit diverges, 130 when interrupted (Ctrl-C) with nothing written.
+    """
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help, or an argument error already reported on one line
+        return e.code if isinstance(e.code, int) else 2
+    try:
+        args.handler(args)
+    except (CLIError, ValueError, TypeError, OSError) as e:
+        return _fail(e, 2)
+    except FloatingPointError as e:  # NonFiniteELBOError: the fit diverged
+        return _fail(e, 1)
+    except KeyboardInterrupt as e:
+        return _fail(KeyboardInterrupt(str(e) or "interrupted; nothing was written"), 130)
+    return 0
+
+
+def _fail(error: Exception, status: int) -> int:
+    message = " ".join(str(error).split()) or type(error).__name__
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return status

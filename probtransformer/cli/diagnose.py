@@ -1,0 +1,20 @@
+"""``probtransformer diagnose``: the aggregated diagnostics table, verdict and PSIS-LOO of a run,
+recomputed from its posterior and training rows."""
+
+from __future__ import annotations
+
+import argparse
+
+from probtransformer.cli._common import given
+from probtransformer.cli.rundir import diagnostic_rows, read_run, run_data
+
+
+def run(args: argparse.Namespace) -> None:
+    """Print ``Posterior.diagnose`` on the training rows the run's log-likelihood covers."""
+    from probtransformer.inference.diagnostics import format_table
+
+    fitted = read_run(args.run_dir)
+    train = diagnostic_rows(fitted.record, run_data(fitted.record, fitted.path)[1])
+    table = fitted.posterior.diagnose(train, verbose=False, **given(num_samples=args.num_samples))
+    print(format_table(table))
+    print("\n".join(table.attrs["verdict"]))

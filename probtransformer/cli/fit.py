@@ -1,0 +1,325 @@
+"""``probtransformer fit``: fit the model of the dataset's task, measure the test split and write
+the run directory."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import math
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from probtransformer.cli._common import PROG, CLIError, given
+from probtransformer.cli.options import (
+    CHECKPOINT_OPTIONS,
+    ENSEMBLE_OPTIONS,
+    INFERENCE_GUIDES,
+    KERNEL_OPTIONS,
+    MAP_FITS,
+    MCMC_OPTIONS,
+    SVI_OPTIONS,
+    library_default,
+    mcmc_preset,
+)
+from probtransformer.cli.rundir import check_out, write_run
+
+
+def run(args: argparse.Namespace) -> None:
+    """Fit, evaluate on the test split, write the run directory and print the metrics."""
+    from probtransformer.tasks import TASKS, task_for_dataset
+
+    task = task_for_dataset(args.dataset)
+    _check_applicable(args, task, TASKS)
+    guide = INFERENCE_GUIDES.get(args.inference)
+    if guide is not None and args.guide not in (None, guide):
+        raise CLIError(
+            f"--inference {args.inference} fits guide {guide!r}; got --guide {args.guide}"
+        )
+    name = args.dataset + ("" if args.model == "auto" else f"-{args.model}")
+    target = Path(args.out or Path("runs") / f"{name}-{args.inference}")
+    check_out(target)
+    num_train = args.num_train  # the user's; the mcmc preset's is capped at the split's size
+    if args.inference == "mcmc":
+        args = _with_mcmc_preset(args)
+
+    import torch
+
+    from probtransformer import datasets
+
+    splits = datasets.load(args.dataset, seed=args.seed)
+    meta = splits.meta
+    if args.num_train is not None:
+        if num_train is not None and num_train > len(splits.train):
+            raise CLIError(
+                f"--num-train {args.num_train} exceeds the {len(splits.train)} rows of the "
+                f"{args.dataset} training split"
+            )
+        splits = dataclasses.replace(splits, train=splits.train[: args.num_train])
+    model = task.build_model(meta, _model_options(args), model=args.model)
+    with _intra_op_threads(args.threads):
+        start = time.perf_counter()
+        if args.inference == "mcmc":
+            post = _fit_mcmc(model, splits.train, args)
+        else:  # svi and the MAP-based fits
+            post = _fit_svi(model, splits.train, args, guide, target)
+        seconds = time.perf_counter() - start
+
+        draws = given(num_samples=_prediction_draws(post, args.num_samples), seed=args.seed)
+        evaluation = task.evaluate(post, splits, draws)
+        record = dict(
+            **evaluation.metrics,
+            num_train=len(splits.train),
+            num_test=len(splits.test),
+            **evaluation.sizes,
+            seconds=seconds,
+            dataset=args.dataset,
+            task=task.name,
+            model=type(model).__name__,
+            val_fraction=meta["val_fraction"],
+            inference=args.inference,
+            **_fit_settings(post),
+            num_samples=evaluation.num_samples,
+            seed=args.seed,
+            device=str(post.device),
+            threads=torch.get_num_threads(),
+        )
+        if "class_names" in meta:
+            record["class_names"] = meta["class_names"]
+        write_run(target, post, splits, record, draws, task, evaluation)
+    _print_metrics(target, record, task, evaluation.lines)
+
+
+def _model_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The model options that were set, with the attention priors of the --head-gates,
+    --stochastic-attention and --local-window flags."""
+    from probtransformer import priors
+
+    specs = []
+    if args.stochastic_attention:
+        specs.append(priors.StochasticAttentionPrior())
+    if args.local_window is not None:
+        specs.append(
+            priors.AttentionLogitPrior(priors.local_window(args.local_window, outside=0.01))
+        )
+    attention: dict[str, Any] = {}
+    if specs:
+        attention["attention_prior"] = (priors.LogitScalePrior(), *specs)
+    if args.head_gates:
+        attention["head_prior"] = priors.HeadGatePrior()
+    return given(
+        d_model=args.d_model,
+        num_heads=args.num_heads,
+        num_layers=args.num_layers,
+        d_ff=args.d_ff,
+        dropout=args.dropout,
+        bayesian=args.bayesian,
+        **attention,
+    )
+
+
+def _prediction_draws(post, num_samples: int | None) -> int | None:
+    """``--num-samples``; unset: every kept draw of a sampled posterior, None (the library
+    default) for SVI."""
+    if num_samples is None and post.samples is not None:
+        return math.prod(next(iter(post.samples.values())).shape[:2])  # chains x draws
+    return num_samples
+
+
+def _option(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _check_applicable(args: argparse.Namespace, task, tasks: dict) -> None:
+    """Refuse a --model of other tasks, settings of the other inference method, or of the other
+    MCMC kernel.
+
+    Raises:
+        CLIError: naming the options that were given but do not apply.
+    """
+    if args.model not in task.models:
+        offering = [name for name, other in tasks.items() if args.model in other.models]
+        raise CLIError(
+            f"--model {args.model} applies to {' and '.join(offering)} datasets, not "
+            f"{args.dataset} ({task.name})"
+        )
+    if args.inference == "mcmc":
+        options = [_option(d) for d in SVI_OPTIONS if getattr(args, d) is not None]
+        applies_to = "--inference svi, map, mc-dropout and ensemble"
+    else:
+        options = [_option(d) for d in MCMC_OPTIONS if getattr(args, d) is not None]
+        applies_to = "--inference mcmc"
+    if not options and args.inference not in ("svi", "map"):
+        options = [_option(d) for d in CHECKPOINT_OPTIONS if getattr(args, d) is not None]
+        applies_to = "--inference svi and map"
+    if not options and args.inference != "ensemble":
+        options = [_option(d) for d in ENSEMBLE_OPTIONS if getattr(args, d) is not None]
+        applies_to = "--inference ensemble"
+    if options:
+        verb = "applies" if len(options) == 1 else "apply"
+        raise CLIError(f"{', '.join(options)} {verb} to {applies_to}, not {args.inference}")
+    kernel = args.kernel or library_default("mcmc", "kernel")
+    for dest, only in KERNEL_OPTIONS.items():
+        if getattr(args, dest) is not None and kernel != only:
+            raise CLIError(f"{_option(dest)} applies to --kernel {only}, not {kernel}")
+
+
+def _with_mcmc_preset(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with the options left unset taken from ``mcmc_preset``."""
+    args = argparse.Namespace(**vars(args))
+    for dest, value in mcmc_preset().items():
+        if getattr(args, dest) is None:
+            setattr(args, dest, value)
+    return args
+
+
+@contextlib.contextmanager
+def _intra_op_threads(threads: int | None) -> Iterator[None]:
+    """Run the block with ``torch.set_num_threads(threads)`` (None: leave it), then restore."""
+    if threads is None:
+        yield
+        return
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _fit_svi(model, train, args: argparse.Namespace, guide: str | None, target: Path):
+    """svi: ``fit_svi``; map, mc-dropout, ensemble: their ``MAP_FITS`` function (fit_svi's
+    settings without ``guide``; ensemble: ``n_members`` too)."""
+    from probtransformer import inference
+
+    if args.inference in MAP_FITS:
+        fit, specific = getattr(inference, MAP_FITS[args.inference]), dict(n_members=args.n_members)
+    else:
+        fit, specific = inference.fit_svi, dict(guide=guide or args.guide)
+    checkpoint_dir = args.checkpoint_dir
+    if args.checkpoint_every is not None and checkpoint_dir is None:
+        checkpoint_dir = target.absolute().with_name(f"{target.name}.checkpoint")
+    return fit(
+        model,
+        train,
+        seed=args.seed,
+        progress=args.progress,
+        **given(
+            **specific,
+            num_steps=args.num_steps,
+            batch_size=args.batch_size,
+            lr=args.lr,
+            device=args.device,
+            checkpoint_every=args.checkpoint_every,
+            checkpoint_dir=checkpoint_dir,
+            resume_from=args.resume_from,
+        ),
+    )
+
+
+def _fit_mcmc(model, train, args: argparse.Namespace):
+    from probtransformer.inference import fit_mcmc
+
+    kernel = args.kernel or library_default("mcmc", "kernel")
+    return fit_mcmc(
+        model,
+        train,
+        seed=args.seed,
+        progress=args.progress,
+        **given(
+            kernel=args.kernel,
+            num_chains=args.num_chains,
+            num_warmup=args.num_warmup,
+            num_samples=args.num_draws,
+            target_accept_prob=args.target_accept_prob,
+            max_tree_depth=args.max_tree_depth if kernel == "nuts" else None,
+            trajectory_length=args.trajectory_length if kernel == "hmc" else None,
+            jit_compile=args.jit_compile,
+            device=args.device,
+        ),
+    )
+
+
+def _fit_settings(post) -> dict[str, Any]:
+    """What metrics.json records of the fit itself, from the posterior's record."""
+    record = post.record
+    if record["method"] == "mc-dropout":
+        return dict(guide=record["guide"], num_steps=record["num_steps"], dropout=record["dropout"])
+    if record["method"] == "ensemble":
+        return dict(
+            guide=record["guide"],
+            num_steps=record["num_steps"],
+            n_members=record["n_members"],
+            member_seeds=[member["seed"] for member in record["members"]],
+            member_final_losses=[member["final_loss"] for member in record["members"]],
+        )
+    if record["method"] != "mcmc":
+        return dict(guide=record["guide"], num_steps=record["num_steps"])
+    chains, kept = next(iter(post.samples.values())).shape[:2]
+    # no sample_stats: an interrupted worker process took them along (recorded as None)
+    diverging = (record.get("sample_stats") or {}).get("diverging")
+    settings = dict(
+        kernel=record["kernel"],
+        num_chains=record["num_chains"],
+        num_warmup=record["num_warmup"],
+        num_draws=record["num_samples"],
+        target_accept_prob=record["target_accept_prob"],
+    )
+    if record["kernel"] == "nuts":
+        settings["max_tree_depth"] = record["max_tree_depth"]
+    else:
+        settings["trajectory_length"] = record["trajectory_length"]
+    return dict(
+        **settings,
+        jit_compile=record["jit_compile"],
+        partial=record["partial"],
+        chains_kept=chains,
+        draws_per_chain=kept,
+        divergences=None if diverging is None else int(sum(map(sum, diverging))),
+    )
+
+
+def _print_metrics(target: Path, record: dict, task, lines: list[str]) -> None:
+    """The summary line, the task's ``printed_metrics``, its extra ``lines`` and where the run
+    went."""
+    if record["inference"] == "mcmc":
+        how = (
+            f"{record['kernel']}, {record['chains_kept']} chain(s) x {record['draws_per_chain']} "
+            f"draws after {record['num_warmup']} warmup"
+        )
+    elif record["inference"] == "ensemble":
+        how = f"{record['n_members']} MAP members"
+    elif record["inference"] == "mc-dropout":
+        how = f"MAP, dropout {', '.join(map(str, record['dropout']))} kept on"
+    else:
+        how = f"guide {record['guide']}"
+    what = record["dataset"]
+    if task.names_model:
+        what += f" ({record['model']})"
+    print(
+        f"{what} · {record['inference']} ({how}) · "
+        f"{record['num_train']} train / {record['num_test']} test · {record['seconds']:.1f} s fit"
+    )
+    if record.get("partial"):
+        print(
+            f"PARTIAL: sampling was interrupted; the run holds the {record['chains_kept']} x "
+            f"{record['draws_per_chain']} draws kept of {record['num_chains']} x "
+            f"{record['num_draws']} requested"
+        )
+    printed = [(key, unit) for key, unit in task.printed_metrics if key in record]
+    width = max(15, *(len(key) + 1 for key, _ in printed))
+    for key, unit in printed:
+        print(f"  {key:<{width}}{record[key]:.4f}{unit}")
+    for line in lines:
+        print(line)
+    if record["inference"] == "mcmc":
+        divergences = record["divergences"]
+        total = record["chains_kept"] * record["draws_per_chain"]
+        print(f"  {'divergences':<15}{'?' if divergences is None else divergences} of {total}")
+    print(f"wrote {target}")
+    if record["inference"] == "mcmc":
+        print(f"convergence (R-hat, ESS, E-BFMI): {PROG} diagnose {target}")

@@ -1,0 +1,429 @@
+"""The argument parser of ``probtransformer``: its sub-commands and options, and a help formatter
+that shows the library defaults unset options take."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import inspect
+from collections.abc import Callable, Iterator, Sequence
+from typing import NoReturn
+
+from probtransformer.cli import diagnose as diagnose_command
+from probtransformer.cli import fit as fit_command
+from probtransformer.cli import generate as generate_command
+from probtransformer.cli import predict as predict_command
+from probtransformer.cli import report as report_command
+from probtransformer.cli._common import PROG
+from probtransformer.cli.options import (
+    INFERENCES,
+    LIBRARY_NAMES,
+    MCMC_OPTIONS,
+    UNSET_HELP,
+    UNSET_MCMC_HELP,
+    library_functions,
+    mcmc_preset,
+)
+from probtransformer.cli.rundir import (
+    ATTENTION_FILE,
+    INFERENCE_DATA_FILE,
+    METRICS_FILE,
+    POSTERIOR_DIR,
+    REPORT_FILE,
+)
+from probtransformer.tasks import TASKS
+from probtransformer.tasks.classification import RELIABILITY_FILE
+from probtransformer.tasks.forecasting import FORECAST_FILE, PREDICTIONS_FILE
+from probtransformer.tasks.language_modeling import SAMPLES_FILE
+
+#: --model: "auto" (each task's own model) and the variants some tasks offer.
+MODELS = tuple(dict.fromkeys(model for task in TASKS.values() for model in task.models))
+
+
+class _Parser(argparse.ArgumentParser):
+    """ArgumentParser whose errors are one stderr line, like every other error of the CLI."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{PROG}: error: {message} (see '{self.prog} --help')\n")
+
+
+class _DatasetNames:
+    """Lazy ``choices`` for ``--dataset``: the names of ``datasets.available()``.
+
+    Listing them imports torch, so it happens only when a dataset name is checked or the
+    ``fit`` help is printed, never for ``probtransformer --help``.
+    """
+
+    @functools.cached_property
+    def _names(self) -> list[str]:
+        from probtransformer import datasets
+
+        return datasets.available()["name"].tolist()
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def canonical(self, text: str) -> str:
+        """``text`` in any case -> the registered spelling (unknown names pass through)."""
+        return {name.lower(): name for name in self._names}.get(text.lower(), text)
+
+
+DATASET_NAMES = _DatasetNames()
+
+
+def _help_value(value: object) -> str:
+    if isinstance(value, tuple | list):
+        value = ",".join(map(str, value))
+    return str(value).replace("%", "%%")
+
+
+class _LibraryDefaultsFormatter(argparse.HelpFormatter):
+    """Help formatter that appends the default of every option left unset (None).
+
+    The defaults are read from the signatures of the library functions named in ``sources``
+    (keys of ``options.library_functions``; the first that has the parameter) when help is
+    printed, so they are always the ones a run uses. With ``mcmc=True`` the ``mcmc_preset``
+    values are shown too: as the default of MCMC-only options, as ``mcmc: ...`` next to the
+    default of others.
+    """
+
+    def __init__(self, prog: str, *, sources: Sequence[str], mcmc: bool = False) -> None:
+        super().__init__(prog, max_help_position=30)
+        self._sources = sources
+        self._mcmc = mcmc
+
+    def _library_default(self, dest: str) -> str | None:
+        functions = library_functions()
+        sources, name = self._sources, dest
+        if dest in LIBRARY_NAMES:
+            source, name = LIBRARY_NAMES[dest]
+            sources = (source,)
+        for source in sources:
+            parameter = inspect.signature(functions[source]).parameters.get(name)
+            if parameter is not None and parameter.default is not inspect.Parameter.empty:
+                return _help_value(parameter.default)
+        return UNSET_HELP.get(dest)
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default is not None or not action.option_strings:
+            return text
+        preset = mcmc_preset() if self._mcmc else {}
+        default = self._library_default(action.dest)
+        if action.dest in preset and action.dest in MCMC_OPTIONS:
+            default = _help_value(preset[action.dest])
+        parts = [] if default is None else [f"default: {default}"]
+        if action.dest in preset and action.dest not in MCMC_OPTIONS:
+            parts.append(f"mcmc: {_help_value(preset[action.dest])}")
+        elif self._mcmc and action.dest in UNSET_MCMC_HELP:
+            parts.append(f"mcmc: {UNSET_MCMC_HELP[action.dest]}")
+        return f"{text} ({'; '.join(parts)})" if parts else text
+
+
+def _int_at_least(minimum: int) -> Callable[[str], int]:
+    """argparse type: an integer >= ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
+        return value
+
+    return parse
+
+
+_positive_int = _int_at_least(1)
+_non_negative_int = _int_at_least(0)
+
+
+def _parts(text: str) -> tuple[str, ...]:
+    """argparse type: a comma-separated list such as ``attention,head`` ('' for none)."""
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``probtransformer`` with its sub-commands.
+
+    Returns:
+        An ``ArgumentParser`` whose errors print one line and exit with status 2.
+    """
+    parser = _Parser(
+        prog=PROG,
+        description="Bayesian Transformers in Pyro: fit, diagnose, predict and report from the "
+        "shell.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    fit = commands.add_parser(
+        "fit",
+        help="fit a Bayesian Transformer to a dataset and write a run directory",
+        description="Fit the model of the dataset's task, built from its meta: classification "
+        "SequenceClassifier, tagging TokenTagger, language-modeling CausalLM, forecasting "
+        "SequenceRegressor (or Seq2Seq with --model seq2seq). Writes "
+        f"{METRICS_FILE}, {INFERENCE_DATA_FILE}, {POSTERIOR_DIR}/ and {ATTENTION_FILE} to "
+        f"--out, plus {RELIABILITY_FILE} (classification, tagging), {SAMPLES_FILE} (generated "
+        f"text, language-modeling) or {PREDICTIONS_FILE} and {FORECAST_FILE} (forecasting). "
+        "Metrics are computed on the test split: classification accuracy, NLL, ECE, Brier; "
+        "tagging token accuracy, NLL per token, ECE, boundary F1; language-modeling "
+        "perplexity, NLL per token, next-token accuracy; forecasting RMSE, MAE, 90% interval "
+        "coverage and width, CRPS. Options left unset take the library defaults; "
+        "'mcmc: ...' shows what --inference mcmc uses instead (a small model and short chains, "
+        "a few minutes on 2 CPU cores).",
+        formatter_class=functools.partial(
+            _LibraryDefaultsFormatter,
+            sources=("model", "fit", "predict", "mcmc", "ensemble"),
+            mcmc=True,
+        ),
+    )
+    fit.set_defaults(handler=fit_command.run)
+    fit.add_argument(
+        "--dataset",
+        default="digits",
+        type=lambda text: DATASET_NAMES.canonical(text.strip()),
+        choices=DATASET_NAMES,
+        metavar="NAME",
+        help="dataset, one of: %(choices)s (default: %(default)s)",
+    )
+    fit.add_argument(
+        "--inference",
+        default="svi",
+        choices=INFERENCES,
+        help="svi; map: a point estimate, fit_map (fit_svi with guide delta); mcmc: fit_mcmc, "
+        "HMC or NUTS; "
+        "mc-dropout: MAP with dropout kept on at prediction (fit_mc_dropout, needs --dropout > "
+        "0); ensemble: a deep ensemble of MAP fits (fit_ensemble) (default: %(default)s)",
+    )
+    fit.add_argument(
+        "--model",
+        default="auto",
+        choices=MODELS,
+        help="auto: the task's model; seq2seq: the encoder-decoder Seq2Seq (forecasting only) "
+        "(default: %(default)s)",
+    )
+    fit.add_argument(
+        "--num-train",
+        type=_positive_int,
+        metavar="N",
+        help="fit on the first N rows of the training split: shuffled and stratified for "
+        "classification, the first N 64-character windows for text, the N earliest origins for "
+        f"forecasting; bounds the fit and the training log-likelihood of {INFERENCE_DATA_FILE}",
+    )
+    fit.add_argument(
+        "--num-samples", type=_positive_int, metavar="S", help="posterior draws for predictions"
+    )
+    fit.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seeds the data split, the fit and the draws (default: %(default)s)",
+    )
+    fit.add_argument("--device", choices=("auto", "cpu", "cuda"), help="where to fit")
+    fit.add_argument(
+        "--threads", type=_positive_int, metavar="N", help="intra-op CPU threads of torch"
+    )
+    fit.add_argument(
+        "--out", metavar="DIR", help="run directory (default: runs/<dataset>-<inference>)"
+    )
+    fit.add_argument(
+        "--no-progress", dest="progress", action="store_false", help="hide the progress bar"
+    )
+    svi = fit.add_argument_group("svi, map, mc-dropout and ensemble only")
+    svi.add_argument(
+        "--guide", choices=("normal", "lowrank", "mvn", "delta"), help="SVI variational family"
+    )
+    svi.add_argument("--num-steps", type=_positive_int, metavar="N", help="optimisation steps")
+    svi.add_argument("--batch-size", type=_positive_int, metavar="N", help="sequences per step")
+    svi.add_argument("--lr", type=float, help="initial Adam learning rate")
+    checkpoints = fit.add_argument_group("svi and map only: checkpoints (fit_svi)")
+    checkpoints.add_argument(
+        "--checkpoint-every",
+        type=_positive_int,
+        metavar="N",
+        help="write the fit's state every N steps (and on Ctrl-C) to --checkpoint-dir",
+    )
+    checkpoints.add_argument(
+        "--checkpoint-dir", metavar="DIR", help="checkpoint directory (default: OUT.checkpoint)"
+    )
+    checkpoints.add_argument(
+        "--resume-from",
+        metavar="DIR",
+        help="continue the fit saved in this checkpoint directory (same dataset, model and "
+        "settings) to the numbers an uninterrupted fit gives",
+    )
+    ensemble = fit.add_argument_group("ensemble only")
+    ensemble.add_argument(
+        "--n-members",
+        type=_positive_int,
+        metavar="K",
+        help="ensemble members, fitted with seeds seed, seed+1, ...",
+    )
+    mcmc = fit.add_argument_group("mcmc only")
+    mcmc.add_argument("--kernel", choices=("nuts", "hmc"), help="MCMC kernel")
+    mcmc.add_argument("--num-chains", type=_positive_int, metavar="N", help="independent chains")
+    mcmc.add_argument(
+        "--num-warmup",
+        type=_non_negative_int,
+        metavar="N",
+        help="adaptation transitions per chain, discarded",
+    )
+    mcmc.add_argument("--num-draws", type=_positive_int, metavar="N", help="kept draws per chain")
+    mcmc.add_argument(
+        "--target-accept-prob",
+        type=float,
+        metavar="P",
+        help="acceptance probability the step size is adapted to",
+    )
+    mcmc.add_argument(
+        "--max-tree-depth",
+        type=_positive_int,
+        metavar="N",
+        help="NUTS only: at most 2**N - 1 leapfrog steps per transition",
+    )
+    mcmc.add_argument(
+        "--trajectory-length",
+        type=float,
+        metavar="L",
+        help="HMC only: integration time per transition (leapfrog steps: L / step size)",
+    )
+    mcmc.add_argument(
+        "--jit-compile",
+        action=argparse.BooleanOptionalAction,
+        help="trace the log density with the PyTorch JIT",
+    )
+    model = fit.add_argument_group("model")
+    model.add_argument("--d-model", type=_positive_int, metavar="N", help="model width")
+    model.add_argument("--num-heads", type=_positive_int, metavar="N", help="heads per layer")
+    model.add_argument("--num-layers", type=_positive_int, metavar="N", help="Transformer blocks")
+    model.add_argument("--d-ff", type=_positive_int, metavar="N", help="feed-forward width")
+    model.add_argument("--dropout", type=float, metavar="P", help="dropout probability")
+    model.add_argument(
+        "--bayesian",
+        type=_parts,
+        metavar="PARTS",
+        help="comma-separated latent parts among embedding,attention,ffn,norm,head ('' for none)",
+    )
+    model.add_argument(
+        "--head-gates",
+        action="store_true",
+        default=None,
+        help="horseshoe gates on the heads (priors.HeadGatePrior); the report shows their "
+        "posterior importance",
+    )
+    model.add_argument(
+        "--stochastic-attention",
+        action="store_true",
+        default=None,
+        help="attention logits as local latents (priors.StochasticAttentionPrior, amortized "
+        "guide); with mcmc at most 50 training sequences",
+    )
+    model.add_argument(
+        "--local-window",
+        type=_int_at_least(0),
+        metavar="W",
+        help="guidance prior: attention near |i - j| <= W (priors.AttentionLogitPrior with "
+        "local_window(W, outside=0.01), strength 1)",
+    )
+
+    diagnose = commands.add_parser(
+        "diagnose",
+        help="print convergence diagnostics and PSIS-LOO of a run",
+        description="Reload a run's posterior and its training data (dataset and seed from "
+        f"{METRICS_FILE}) and print the aggregated diagnostics table, the verdict and LOO.",
+        formatter_class=functools.partial(_LibraryDefaultsFormatter, sources=("diagnose",)),
+    )
+    diagnose.set_defaults(handler=diagnose_command.run)
+    diagnose.add_argument("run_dir", metavar="DIR", help="run directory written by fit")
+    diagnose.add_argument(
+        "--num-samples", type=_positive_int, metavar="S", help="posterior draws to summarise"
+    )
+
+    predict = commands.add_parser(
+        "predict",
+        help="posterior predictive of a run for new sequences, as CSV",
+        description="Predict with a run's posterior. Classification and forecasting runs: "
+        "--input is a .npy array of shape (N, T, F) or a .csv file with one flattened sequence "
+        "(T*F values, step by step) per row, optionally under a header row (non-numeric, or "
+        "pandas' 0,1,...,T*F-1); one CSV row per sequence. Tagging and language-model runs: "
+        "--input is a .npy array of int token ids of shape (N, T) or a .txt file with one "
+        "sequence of characters per line (tagging: whitespace removed, as in training; "
+        "characters outside the vocabulary map to <unk> with a warning); one CSV row per "
+        "(sequence, step) with the token, the predicted tag (tagging, with its probabilities) "
+        "or next token (language model, with its probability), and the entropy split into "
+        "aleatoric and epistemic parts (nats).",
+        formatter_class=functools.partial(_LibraryDefaultsFormatter, sources=("predict",)),
+    )
+    predict.set_defaults(handler=predict_command.run)
+    predict.add_argument("run_dir", metavar="DIR", help="run directory written by fit")
+    predict.add_argument(
+        "--input",
+        required=True,
+        metavar="FILE",
+        help=".npy or .csv inputs (tagging and language-model runs: .npy or .txt)",
+    )
+    predict.add_argument("--output", metavar="FILE", help="CSV to write (default: stdout)")
+    predict.add_argument("--num-samples", type=_positive_int, metavar="S", help="posterior draws")
+    predict.add_argument("--seed", type=int, help="seeds the draws")
+
+    report = commands.add_parser(
+        "report",
+        help=f"write a self-contained {REPORT_FILE} into a run directory",
+        description=f"Write DIR/{REPORT_FILE}: one HTML file with inline CSS and every figure "
+        "embedded as a PNG, with sections metrics, reliability, risk-coverage (by total entropy "
+        "and by epistemic uncertainty, with AURC), attention (posterior mean and sd per layer "
+        "and head), head-importance and diagnostics. The test and training rows are reloaded "
+        f"from the dataset and seed in {METRICS_FILE}.",
+    )
+    report.set_defaults(handler=report_command.run)
+    report.add_argument("run_dir", metavar="DIR", help="run directory written by fit")
+    report.add_argument(
+        "--num-samples",
+        type=_positive_int,
+        metavar="S",
+        help=f"posterior draws (default: the run's, from {METRICS_FILE})",
+    )
+    report.add_argument("--seed", type=int, help="seeds the draws (default: the run's seed)")
+
+    generate = commands.add_parser(
+        "generate",
+        help="generate text from a language-model run, with per-token uncertainty",
+        description="Continue --prompt with a language-model run's posterior "
+        "(probtransformer.models.generate) and print the prompt and its continuation, then "
+        "each generated token's total entropy, aleatoric and epistemic parts in nats (a table, "
+        "or a CSV file with --output). Prompt characters outside the vocabulary map to <unk> "
+        "with a warning.",
+        formatter_class=functools.partial(_LibraryDefaultsFormatter, sources=("generate",)),
+    )
+    generate.set_defaults(handler=generate_command.run)
+    generate.add_argument("run_dir", metavar="DIR", help="run directory of a language model")
+    generate.add_argument("--prompt", required=True, metavar="TEXT", help="text to continue")
+    generate.add_argument("--max-new-tokens", type=int, metavar="N", help="tokens to generate")
+    generate.add_argument(
+        "--strategy", choices=("greedy", "sample"), help="most probable token, or sample one"
+    )
+    generate.add_argument(
+        "--temperature", type=float, metavar="T", help="> 0; below 1 sharpens, above 1 flattens"
+    )
+    generate.add_argument(
+        "--top-k", type=int, metavar="K", help="keep the K most probable tokens (>= 1)"
+    )
+    generate.add_argument(
+        "--top-p", type=float, metavar="P", help="keep the nucleus of probability mass P, in (0, 1]"
+    )
+    generate.add_argument(
+        "--thompson",
+        action="store_true",
+        help="decode with one posterior draw chosen at the start (bayes_average=False) instead "
+        "of the posterior predictive average",
+    )
+    generate.add_argument("--num-samples", type=int, metavar="S", help="posterior draws")
+    generate.add_argument("--seed", type=int, metavar="N", help="seeds the draws and sampling")
+    generate.add_argument(
+        "--output", metavar="CSV", help="write the per-token table to this CSV file instead"
+    )
+    return parser

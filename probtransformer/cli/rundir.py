@@ -1,0 +1,235 @@
+"""Run directories of ``probtransformer fit``: what they hold, writing one atomically, and
+reading one back (``diagnose``, ``predict``, ``report``, ``generate``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from probtransformer._io import staged_directory
+from probtransformer.cli._common import PROG, CLIError
+
+METRICS_FILE = "metrics.json"
+POSTERIOR_DIR = "posterior"
+INFERENCE_DATA_FILE = "inference_data.nc"
+ATTENTION_FILE = "attention.png"
+DIAGNOSTICS_FILE = "diagnostics.json"  # written by fit since format 1; older runs lack it
+REPORT_FILE = "report.html"  # written by ``probtransformer report``, not by fit
+#: Every run holds these; each task adds its own ``Task.files``.
+COMMON_FILES = (
+    METRICS_FILE,
+    INFERENCE_DATA_FILE,
+    POSTERIOR_DIR,
+    ATTENTION_FILE,
+    DIAGNOSTICS_FILE,
+    REPORT_FILE,
+)
+DIAGNOSTICS_VERSION = 1
+#: ``Posterior.diagnose``'s seed, as ``probtransformer diagnose`` uses it.
+DIAGNOSTICS_SEED = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """A run directory read back.
+
+    Attributes:
+        path: the directory.
+        record: its metrics.json.
+        posterior: its ``Posterior``, on CPU.
+    """
+
+    path: Path
+    record: dict
+    posterior: Any
+
+    def meta(self) -> dict:
+        """The meta of the run's dataset (loaded from ``dataset`` and ``seed``)."""
+        return run_data(self.record, self.path)[2]
+
+
+def run_files() -> tuple[str, ...]:
+    """Everything a run directory may hold, for every registered task (``fit --out`` replaces
+    such a directory, nothing else)."""
+    from probtransformer.tasks import TASKS
+
+    files = dict.fromkeys(COMMON_FILES)
+    for task in TASKS.values():
+        files.update(dict.fromkeys(task.files))
+    return tuple(files)
+
+
+def is_run_dir(path: Path) -> bool:
+    """``path`` holds a metrics.json and a posterior/ directory."""
+    return (path / METRICS_FILE).is_file() and (path / POSTERIOR_DIR).is_dir()
+
+
+def read_run(run_dir: str | Path) -> Run:
+    """The metrics.json and the posterior (on CPU) of ``run_dir``.
+
+    Raises:
+        ValueError: not a run directory, or its metrics.json is not a JSON object.
+    """
+    run_dir = Path(run_dir)
+    if not is_run_dir(run_dir):
+        raise ValueError(
+            f"{run_dir} is not a probtransformer run directory "
+            f"(it needs {METRICS_FILE} and {POSTERIOR_DIR}/)"
+        )
+    try:
+        record = json.loads((run_dir / METRICS_FILE).read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{run_dir / METRICS_FILE} is not valid JSON: {e}") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"{run_dir / METRICS_FILE} must hold a JSON object")
+
+    from probtransformer.inference import load_posterior
+
+    return Run(run_dir, record, load_posterior(run_dir / POSTERIOR_DIR))
+
+
+def run_data(record: dict, run_dir: str | Path):
+    """``(test, train, meta)``: the run's test split, the training rows its fit saw (the first
+    ``num_train`` rows of the training split of ``dataset`` with ``seed``) and the dataset's
+    ``meta``.
+
+    Raises:
+        ValueError: metrics.json does not record dataset and seed, or records a ``num_train``
+            outside the training split.
+    """
+    from probtransformer import datasets
+
+    metrics_file = Path(run_dir) / METRICS_FILE
+    if "dataset" not in record or "seed" not in record:
+        raise ValueError(f"{metrics_file} does not record dataset and seed")
+    options = {}
+    if record.get("val_fraction") is not None:
+        options["val_fraction"] = record["val_fraction"]
+    splits = datasets.load(record["dataset"], seed=record["seed"], **options)
+    num_train = record.get("num_train", len(splits.train))
+    if (
+        isinstance(num_train, bool)
+        or not isinstance(num_train, int)
+        or not 1 <= num_train <= len(splits.train)
+    ):
+        raise ValueError(
+            f"{metrics_file} records num_train {num_train!r}; the {record['dataset']} training "
+            f"split has {len(splits.train)} rows"
+        )
+    return splits.test, splits.train[:num_train], splits.meta
+
+
+def diagnostic_rows(record: dict, train):
+    """The training rows the run's log-likelihood covers: the first
+    ``inference_data_rows["train"]`` for token-level tasks, else all."""
+    rows = record.get("inference_data_rows", {}).get("train")
+    return train if rows is None else train[:rows]
+
+
+def check_out(target: Path) -> None:
+    """Fail before fitting when ``target`` cannot become the run directory.
+
+    Raises:
+        CLIError: ``target`` is a file, a non-empty directory that is not a run directory, or a
+            run directory holding other files (never replaced); or its nearest existing parent
+            is not a writable directory.
+    """
+    if target.exists() or target.is_symlink():
+        if not target.is_dir():
+            raise CLIError(f"--out {target} exists and is not a directory")
+        names = {p.name for p in target.iterdir()}
+        if names and not is_run_dir(target):
+            raise CLIError(
+                f"--out {target} exists and is not a {PROG} run directory; refusing to replace it"
+            )
+        others = sorted(names - set(run_files()))
+        if others:
+            raise CLIError(
+                f"--out {target} holds files that {PROG} did not write ({', '.join(others[:3])})"
+                "; move them or choose another --out"
+            )
+    ancestor = target.absolute().parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+        raise CLIError(f"cannot create --out {target}: {ancestor} is not a writable directory")
+
+
+def write_run(target: Path, post, splits, record: dict, draws: dict, task, evaluation) -> None:
+    """Write every file of the run into a staging directory, then move it to ``target``.
+
+    ``inference_data.nc`` (``task.inference_data_rows`` training and test rows, recorded in
+    ``record``), ``posterior/``, ``attention.png`` of test example 0, the task's files from the
+    predictions ``evaluation`` already holds, ``diagnostics.json`` and ``metrics.json``.
+
+    Raises:
+        CLIError: a file cannot be written (``target`` is left as it was).
+    """
+    from probtransformer import plots
+
+    target = target.absolute()
+    try:
+        with staged_directory(target) as staging:
+            test, train = splits.test, splits.train
+            rows = task.inference_data_rows
+            if rows is not None:
+                train, test = train[:rows], test[:rows]
+                record["inference_data_rows"] = {"train": len(train), "test": len(test)}
+            idata = post.to_inference_data(train, test=test, **draws)
+            idata.to_netcdf(str(staging / INFERENCE_DATA_FILE))
+            post.save(staging / POSTERIOR_DIR)
+            first = test[:1]
+            attention = post.attention(first.x, first.mask, **draws)
+            title = f"posterior attention, {record['dataset']} test example 0{evaluation.label}"
+            plots.save_figure(attention.plot(0, title=title), staging / ATTENTION_FILE)
+            evaluation.write(staging, record)
+            write_diagnostics(staging / DIAGNOSTICS_FILE, post, train)
+            (staging / METRICS_FILE).write_text(json.dumps(record, indent=1) + "\n")
+    except OSError as e:
+        raise CLIError(f"cannot write --out {target}: {e.strerror or e}") from e
+
+
+def write_diagnostics(path: Path, post, train) -> None:
+    """Write ``Posterior.diagnose(train)`` to ``path`` as JSON.
+
+    The object holds ``format_version``, ``seed``, ``num_train`` (the training rows of the
+    log-likelihood), ``table`` (one record per variable group: ``variable``, ``size``,
+    ``mean_sd``, ``r_hat_max``, ``ess_bulk_min``, ``ess_tail_min``; null where not defined),
+    ``verdict`` (the printed lines), ``warnings`` (the lines flagged WARN), ``ok`` (no such
+    line), ``loo`` (PSIS-LOO figures, or null) and ``guide_k_hat`` (SVI, or null): the table
+    and verdict ``probtransformer diagnose`` prints for the run.
+    """
+    table = post.diagnose(train, verbose=False, seed=DIAGNOSTICS_SEED)
+    verdict = list(table.attrs.get("verdict", []))
+    warnings = [line for line in verdict if line.startswith("WARN")]
+    rows = [
+        {"variable": str(name), **{key: _json_number(value) for key, value in row.items()}}
+        for name, row in table.to_dict(orient="index").items()
+    ]
+    loo = table.attrs.get("loo")
+    diagnostics = dict(
+        format_version=DIAGNOSTICS_VERSION,
+        seed=DIAGNOSTICS_SEED,
+        num_train=len(train),
+        table=rows,
+        verdict=verdict,
+        warnings=warnings,
+        ok=not warnings,
+        loo=None if loo is None else {key: _json_number(value) for key, value in loo.items()},
+        guide_k_hat=_json_number(table.attrs.get("guide_k_hat")),
+    )
+    path.write_text(json.dumps(diagnostics, indent=1, allow_nan=False) + "\n")
+
+
+def _json_number(value: Any) -> Any:
+    """A table value for JSON: NaN/inf and None as null, NumPy scalars as Python numbers."""
+    if value is None:
+        return None
+    value = value.item() if hasattr(value, "item") else value
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

@@ -1,0 +1,130 @@
+"""Tasks whose models read float features ``(N, T, F)`` (classification, forecasting), and their
+``predict`` input files: ``.npy`` arrays and ``.csv`` files of flattened sequences."""
+
+from __future__ import annotations
+
+import abc
+import csv
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from probtransformer.tasks._base import Task
+
+
+class FeatureTask(Task):
+    """A task whose ``predict`` reads a ``.npy`` of shape (N, T, F) or a ``.csv`` with one
+    flattened sequence of T*F values per row, and writes one CSV row per sequence."""
+
+    @abc.abstractmethod
+    def prediction_frame(self, pred: Any, record: dict) -> Any:
+        """The CSV rows of ``pred`` (one per sequence) as a pandas DataFrame."""
+
+    def predict_frame(
+        self, path: Path, run: Any, draws: dict, *, warn: Callable[[str], None]
+    ) -> Any:
+        """See ``Task.predict_frame``; ``.npy`` or ``.csv`` inputs, ``.txt`` refused."""
+        suffix = path.suffix.lower()
+        if suffix not in (".npy", ".csv"):
+            raise ValueError(
+                f"--input must be a .npy or .csv file for a {self.name} run, got {str(path)!r}"
+            )
+        config = run.posterior.model.config
+        max_len, in_features = config["max_len"], config["in_features"]
+        if suffix == ".npy":
+            x = read_npy(path, in_features)
+        else:
+            x = read_csv(path, max_len, in_features)
+        return self.prediction_frame(run.posterior.predict(x, **draws), run.record)
+
+
+def read_npy(path: Path, in_features: int) -> np.ndarray:
+    """Read float32 inputs of shape (N, T, F) from a .npy file (T may be below max_len).
+
+    Raises:
+        ValueError: not a numeric .npy array, another shape, no rows, or NaN/inf values.
+    """
+    try:
+        x = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise ValueError(f"cannot read {path} as a .npy array: {e}") from None
+    if not isinstance(x, np.ndarray) or x.dtype.kind != "f":
+        raise ValueError(
+            f"{path} must hold floating-point features (as the model was trained on), got dtype "
+            f"{getattr(x, 'dtype', type(x).__name__)}"
+        )
+    if x.ndim != 3 or x.shape[2] != in_features or 0 in x.shape:
+        raise ValueError(
+            f"{path} must hold an array of shape (N, T, F={in_features}) with N, T >= 1, "
+            f"got {x.shape}"
+        )
+    return _finite(x.astype(np.float32), path)
+
+
+def read_csv(path: Path, max_len: int, in_features: int) -> np.ndarray:
+    """Read inputs from a CSV file with one flattened sequence of T*F values per row.
+
+    Values run step by step (row-major over (T, F)); T is the model's max_len. A first row
+    with no numeric cell, or with pandas' default column names ``0,1,...,T*F-1`` (what
+    ``DataFrame.to_csv(index=False)`` writes), is a header and skipped; blank lines are skipped.
+
+    Returns:
+        float32 array of shape (N, max_len, in_features).
+
+    Raises:
+        ValueError: a row with another number of columns, a missing or non-numeric value, no
+            rows, or NaN/inf values.
+    """
+    width = max_len * in_features
+    rows: list[list[float]] = []
+    with path.open(newline="") as f:
+        for line, cells in enumerate(csv.reader(f), start=1):
+            if not any(cell.strip() for cell in cells):
+                continue
+            if line == 1 and _is_header(cells):
+                continue
+            if len(cells) != width:
+                raise ValueError(
+                    f"{path} line {line}: expected {width} columns (T*F = {max_len}*{in_features})"
+                    f", got {len(cells)}"
+                )
+            rows.append([_cell(value, path, line, column) for column, value in enumerate(cells)])
+    if not rows:
+        raise ValueError(f"{path} holds no data rows")
+    x = np.asarray(rows, dtype=np.float32).reshape(len(rows), max_len, in_features)
+    return _finite(x, path)
+
+
+def _is_header(cells: list[str]) -> bool:
+    """A first row with no number, or pandas' default column names ``0,1,...,W-1``."""
+    if not any(_is_number(cell) for cell in cells):
+        return True
+    return [cell.strip() for cell in cells] == [str(i) for i in range(len(cells))]
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _cell(text: str, path: Path, line: int, column: int) -> float:
+    if not text.strip():
+        raise ValueError(f"{path} line {line}, column {column + 1}: missing value")
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(
+            f"{path} line {line}, column {column + 1}: not a number: {text!r}"
+        ) from None
+
+
+def _finite(x: np.ndarray, path: Path) -> np.ndarray:
+    bad = int((~np.isfinite(x)).sum())
+    if bad:
+        raise ValueError(f"{path} holds {bad} NaN/inf values")
+    return x

@@ -1,0 +1,215 @@
+"""Forecasting (sunspots, co2, macrodata): a ``SequenceRegressor`` (last-step pooling) or, with
+``--model seq2seq``, a ``Seq2Seq``, in the dataset's standardisation, measured in the data's
+units over every (origin, step) of the test split."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from probtransformer.tasks._base import Evaluation, ReportContext
+from probtransformer.tasks._features import FeatureTask
+
+INTERVAL_PROB = 0.9  # the predictive interval of coverage, width, the CSV and the fan chart
+FORECASTS = 4  # test forecasts in the fan chart
+PREDICTIONS_FILE = "predictions.csv"  # every test forecast
+FORECAST_FILE = "forecast.png"  # fan chart of a few test forecasts
+
+
+class ForecastingTask(FeatureTask):
+    """``H`` future values from a context window. Writes ``predictions.csv`` (origin, step,
+    period, mean, lower, upper, y) and ``forecast.png``; the report adds the fan chart and the
+    interval coverage per horizon step."""
+
+    name = "forecasting"
+    models = ("auto", "seq2seq")
+    files = (PREDICTIONS_FILE, FORECAST_FILE)
+    sections = {"forecast": "Test forecasts"}
+    headline = {
+        "rmse": "data units",
+        "mae": "data units",
+        "interval_coverage": "",
+        "interval_width": "data units",
+        "crps": "data units",
+    }
+    metrics_note = (
+        "computed over every (origin, step) of the test split, in the data's units: RMSE and MAE "
+        "of the posterior predictive mean, coverage and mean width of the 90% predictive "
+        "interval (noise included), CRPS from the predictive samples."
+    )
+    printed_metrics = (
+        ("rmse", ""),
+        ("mae", ""),
+        ("interval_coverage", f" ({INTERVAL_PROB:.0%} predictive interval)"),
+        ("interval_width", ""),
+        ("crps", ""),
+    )
+
+    def model_classes(self) -> tuple[type, ...]:
+        from probtransformer.models import Seq2Seq, SequenceRegressor
+
+        return (SequenceRegressor, Seq2Seq)
+
+    def build_model(self, meta: dict, options: dict[str, Any], *, model: str = "auto") -> Any:
+        """``SequenceRegressor(in_features, max_len, horizon=H, pooling="last")`` or, with
+        ``model="seq2seq"``, ``Seq2Seq(in_features, max_len, H)``, both with the dataset's
+        ``x_loc``/``x_scale``/``y_loc``/``y_scale``; see ``Task.build_model``."""
+        from probtransformer.models import Seq2Seq, SequenceRegressor
+
+        self.check_model_choice(model)
+        scales = {key: meta[key] for key in ("x_loc", "x_scale", "y_loc", "y_scale")}
+        if model == "seq2seq":
+            return Seq2Seq(
+                meta["in_features"], meta["max_len"], meta["horizon"], **scales, **options
+            )
+        return SequenceRegressor(
+            meta["in_features"],
+            meta["max_len"],
+            horizon=meta["horizon"],
+            pooling="last",
+            **scales,
+            **options,
+        )
+
+    def evaluate(self, post: Any, splits: Any, draws: dict) -> Evaluation:
+        """RMSE, MAE, 90% interval coverage and width, CRPS in the data's units, over every
+        (origin, step) of the test split; the predictions CSV and the fan chart."""
+        from probtransformer import metrics
+
+        test = splits.test
+        pred = post.predict(test.x, test.mask, **draws)
+        lower, upper = pred.predictive_interval(INTERVAL_PROB)
+        error = (pred.mean - test.y).double()
+        values = dict(
+            rmse=float(error.pow(2).mean().sqrt()),
+            mae=float(error.abs().mean()),
+            interval_coverage=metrics.interval_coverage(lower, upper, test.y),
+            interval_prob=INTERVAL_PROB,
+            interval_width=float((upper - lower).double().mean()),
+            crps=metrics.crps_samples(pred.samples, test.y),
+        )
+        frame = forecast_frame(pred, test, splits.meta, prob=INTERVAL_PROB)
+
+        def write(staging: Path, record: dict) -> None:
+            from probtransformer import plots
+
+            frame.to_csv(staging / PREDICTIONS_FILE, index=False)
+            title = f"{record['dataset']} test forecasts, {record['model']}, {record['inference']}"
+            figure = forecast_figure(frame, splits.meta, prob=INTERVAL_PROB, title=title)
+            plots.save_figure(figure, staging / FORECAST_FILE)
+
+        sizes = dict(horizon=splits.meta.get("horizon"), num_test_forecasts=int(test.y.numel()))
+        return Evaluation(values, sizes, pred.samples.shape[0], write)
+
+    def report(self, context: ReportContext) -> tuple[dict[str, str], int | str]:
+        """The fan chart and the interval coverage per step, drawn again."""
+        from probtransformer.report_sections import image, table
+
+        record, test, meta = context.record, context.test, context.meta
+        pred = context.post.predict(test.x, test.mask, **context.draws)
+        frame = forecast_frame(pred, test, meta, prob=INTERVAL_PROB)
+        title = f"{record['dataset']} test forecasts, {record.get('model', '?')}"
+        fig = forecast_figure(frame, meta, prob=INTERVAL_PROB, title=title)
+        inside = (frame["lower"] <= frame["y"]) & (frame["y"] <= frame["upper"])
+        by_step = frame.assign(inside=inside, width=frame["upper"] - frame["lower"]).groupby("step")
+        rows = [
+            (str(step), f"{group['inside'].mean():.3f}", f"{group['width'].mean():.4g}")
+            for step, group in by_step
+        ]
+        section = (
+            f'<p class="note">{min(FORECASTS, len(test))} of the {len(test)} test forecasts: the '
+            f"context before the origin (grey), the truth (black), the posterior predictive mean "
+            f"(blue) and its {INTERVAL_PROB:.0%} predictive interval (band).</p>\n"
+            + image(fig, "forecast fan chart")
+            + f"<p>Coverage of the {INTERVAL_PROB:.0%} predictive interval (nominal "
+            f"{INTERVAL_PROB:.2f}) and its mean width per horizon step, over the test "
+            "origins:</p>\n" + table(("step", "coverage", "mean width"), rows)
+        )
+        return {"forecast": section}, pred.samples.shape[0]
+
+    def prediction_frame(self, pred: Any, record: dict) -> Any:
+        """``mean``, ``std``, ``aleatoric``, ``epistemic`` (variances), ``lower``, ``upper`` (90%
+        predictive interval) per horizon step."""
+        return pred.to_dataframe()
+
+
+def forecast_frame(pred, test, meta: dict, *, prob: float = 0.9):
+    """Every test forecast of a forecasting run, one row per (origin, step).
+
+    Args:
+        pred: the ``RegressionPrediction`` of ``test.x``.
+        test: the test split (``y`` ``(N, H)`` in the data's units).
+        meta: the dataset's meta (``origins["test"]``: each row's origin, a position in
+            ``series``).
+        prob: probability of the predictive interval.
+
+    Returns:
+        DataFrame with columns ``origin`` (position of the first forecast period in the
+        series), ``step`` (1..H), ``period`` (that step's index label), ``mean``, ``lower``,
+        ``upper``, ``y``.
+    """
+    import pandas as pd
+
+    n = len(test)
+    lower, upper = pred.predictive_interval(prob)
+    values = {
+        name: value.reshape(n, -1).double().numpy()
+        for name, value in dict(mean=pred.mean, lower=lower, upper=upper, y=test.y).items()
+    }
+    horizon = values["y"].shape[1]
+    origins = np.asarray(meta.get("origins", {}).get("test", np.arange(n)), dtype=np.int64)
+    steps = np.arange(1, horizon + 1)
+    positions = (origins[:, None] + steps[None, :] - 1).reshape(-1)
+    series = meta.get("series")
+    if series is not None and len(series) > positions.max():
+        period = [str(label) for label in series.index[positions]]
+    else:
+        period = [str(position) for position in positions]
+    frame = {"origin": np.repeat(origins, horizon), "step": np.tile(steps, n), "period": period}
+    return pd.DataFrame({**frame, **{k: v.reshape(-1) for k, v in values.items()}})
+
+
+def forecast_figure(frame, meta: dict, *, forecasts: int = FORECASTS, prob: float = 0.9, title=""):
+    """Fan chart (a matplotlib ``Figure``) of ``forecasts`` evenly spaced test forecasts of
+    ``forecast_frame``: the context before each origin, the truth, the predictive mean and its
+    ``prob`` interval."""
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+    series = meta.get("series")
+    origins = frame["origin"].unique()
+    chosen = origins[np.unique(np.linspace(0, len(origins) - 1, forecasts).round().astype(int))]
+    cols = min(2, len(chosen))
+    rows = math.ceil(len(chosen) / cols)
+    fig = Figure(figsize=(5.0 * cols, 3.0 * rows), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).reshape(-1)
+    index = None
+    if series is not None:
+        index = series.index.to_timestamp() if isinstance(series.index, pd.PeriodIndex) else None
+        index = series.index if index is None else index
+    for ax, origin in zip(axes, chosen, strict=False):
+        part = frame[frame["origin"] == origin]
+        steps = part["step"].to_numpy()
+        positions = origin + steps - 1
+        if series is not None:
+            history = np.arange(max(0, origin - 3 * len(steps)), origin)
+            ax.plot(index[history], series.to_numpy()[history], color="0.55", label="context")
+            x = index[positions]
+        else:
+            x = positions
+        ax.fill_between(
+            x, part["lower"], part["upper"], color="tab:blue", alpha=0.25, label=f"{prob:.0%}"
+        )
+        ax.plot(x, part["mean"], color="tab:blue", marker=".", label="mean")
+        ax.plot(x, part["y"], color="black", marker="o", markersize=3, label="truth")
+        ax.set_title(f"origin {part['period'].iloc[0]}", fontsize=9)
+        ax.tick_params(labelsize=8)
+    for ax in axes[len(chosen) :]:
+        ax.set_visible(False)
+    axes[0].legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig

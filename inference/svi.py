@@ -55,8 +55,8 @@ class SVIState:
             tensor (nats, full-data scale); a Pyro ``ELBOModule`` of ``model`` and ``guide``.
         params: the trainable parameters of ``loss_fn`` (model and guide), in optimizer order.
         optimizer: Adam over ``params``.
-        scheduler: exponential decay of the learning rate, ``lr`` -> ``lr * lr_decay`` over
-            ``num_steps`` steps (and on decaying past them).
+        scheduler: exponential decay of the learning rate, ``lr`` -> ``lr * lr_decay`` at step
+            ``num_steps`` (steps past it keep decaying).
         data: the training split on the device.
         settings: ``guide``, ``num_steps``, ``batch_size`` (capped at ``N``), ``lr``,
             ``lr_decay``, ``num_particles``, ``init_scale``, ``seed``.

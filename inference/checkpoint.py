@@ -13,14 +13,12 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
-from probtransformer._io import read_versioned_json, replace_directory
+from probtransformer._io import read_versioned_json, staged_directory
 from probtransformer.datasets import SequenceData
 
 if TYPE_CHECKING:
@@ -51,20 +49,14 @@ def save_checkpoint(path: str | os.PathLike, meta: dict, state: dict) -> None:
     if target.exists() and not (target.is_dir() and (target / _META).is_file()):
         if not target.is_dir() or any(target.iterdir()):
             raise ValueError(f"refusing to write a checkpoint over {target}: it is not one")
-    staging = None
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-        (staging / _META).write_text(
-            json.dumps({"format_version": CHECKPOINT_VERSION, **meta}, indent=1)
-        )
-        torch.save(state, staging / _STATE)
-        replace_directory(staging, target)
+        with staged_directory(target) as staging:
+            (staging / _META).write_text(
+                json.dumps({"format_version": CHECKPOINT_VERSION, **meta}, indent=1)
+            )
+            torch.save(state, staging / _STATE)
     except OSError as e:
         raise OSError(f"cannot write the checkpoint {target}: {e.strerror or e}") from e
-    finally:
-        if staging is not None and staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
 
 
 def load_checkpoint(path: str | os.PathLike) -> tuple[dict, dict]:

@@ -61,18 +61,11 @@ class TaggingTask(TokenTask):
     def evaluate(self, post: Any, splits: Any, draws: dict) -> Evaluation:
         """Token accuracy, NLL (nats/character), ECE, F1 and epistemic uncertainty over the real
         test steps, predicted ``TOKEN_BATCH`` sequences at a time."""
-        import torch
         from sklearn.metrics import f1_score
 
         from probtransformer import metrics
 
-        probs, labels, epistemic, num_samples = [], [], [], 0
-        for rows, pred in token_predictions(post, splits.test, draws):
-            probs.append(real_steps(rows, pred.mean))  # (M, C)
-            labels.append(real_steps(rows, rows.y))
-            epistemic.append(real_steps(rows, pred.epistemic))
-            num_samples = pred.probs.shape[0]
-        probs, labels = torch.cat(probs), torch.cat(labels)
+        probs, labels, epistemic, num_samples = _real_predictions(post, splits.test, draws)
         predicted = probs.argmax(-1)
         if probs.shape[-1] == 2:  # positive class 1: a word boundary follows
             f1 = {"boundary_f1": float(f1_score(labels, predicted, pos_label=1, zero_division=0.0))}
@@ -86,7 +79,7 @@ class TaggingTask(TokenTask):
             ece=metrics.ece(probs, labels, n_bins=ECE_BINS, strategy="uniform"),
             ece_bins=ECE_BINS,
             **f1,
-            mean_epistemic=float(torch.cat(epistemic).mean()),
+            mean_epistemic=float(epistemic.mean()),
         )
 
         def write(staging: Path, record: dict) -> None:
@@ -97,17 +90,10 @@ class TaggingTask(TokenTask):
 
     def report(self, context: ReportContext) -> tuple[dict[str, str], int | str]:
         """The reliability diagram over the real test characters, drawn again."""
-        import torch
-
         from probtransformer.report_sections import reliability_section
 
         record = context.record
-        probs, labels, used = [], [], 0
-        for rows, pred in token_predictions(context.post, context.test, context.draws):
-            probs.append(real_steps(rows, pred.mean))
-            labels.append(real_steps(rows, rows.y))
-            used = pred.probs.shape[0]
-        probs, labels = torch.cat(probs), torch.cat(labels)
+        probs, labels, _, used = _real_predictions(context.post, context.test, context.draws)
         title = f"{record['dataset']} test characters, {record.get('inference', '?')}"
         section = reliability_section(record, probs, labels, "characters", title)
         return {"reliability": section}, used
@@ -118,3 +104,18 @@ class TaggingTask(TokenTask):
 
         tags = pred.to_dataframe(record.get("class_names")).drop(columns=["sequence", "step"])
         return pd.concat([pd.DataFrame(index), tags], axis=1)
+
+
+def _real_predictions(post, data, draws: dict):
+    """The predictive mean ``(M, C)``, labels ``(M,)`` and epistemic uncertainty ``(M,)``
+    (nats) at the M real steps of ``data``, predicted ``TOKEN_BATCH`` sequences at a time, and
+    the number of posterior draws used."""
+    import torch
+
+    probs, labels, epistemic, num_samples = [], [], [], 0
+    for rows, pred in token_predictions(post, data, draws):
+        probs.append(real_steps(rows, pred.mean))  # (m, C)
+        labels.append(real_steps(rows, rows.y))
+        epistemic.append(real_steps(rows, pred.epistemic))
+        num_samples = pred.probs.shape[0]
+    return torch.cat(probs), torch.cat(labels), torch.cat(epistemic), num_samples

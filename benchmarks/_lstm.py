@@ -31,8 +31,8 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from probtransformer import priors
 from probtransformer.embedding import FeatureEmbedding, TokenEmbedding
 from probtransformer.models._base import SequenceModel
-from probtransformer.models._checks import check_sizes
 from probtransformer.models.heads import CategoricalHead, pool
+from probtransformer.validation import check_sizes
 
 #: Prior of the latent output head: the built-in Transformer models' default ``weight_prior``.
 HEAD_PRIOR = priors.Normal(scale=3.0)

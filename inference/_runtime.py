@@ -10,6 +10,8 @@ import pyro
 import torch
 from torch import nn
 
+from probtransformer.validation import check_int
+
 
 def resolve_device(device: str | torch.device) -> torch.device:
     """``"auto"`` -> CUDA when available, else CPU; other values are checked and returned.
@@ -49,8 +51,7 @@ def pyro_scope() -> Iterator[None]:
 @contextlib.contextmanager
 def seeded(seed: int, device: torch.device) -> Iterator[None]:
     """Seed torch's RNG (CPU and ``device``) for the block, restoring the outer state after."""
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    check_int("seed", seed, minimum=None, type_error=True)
     if not 0 <= seed < 2**63:
         raise ValueError(f"seed must be in [0, 2**63), got {seed}")
     devices = [device.index or 0] if device.type == "cuda" else []

@@ -39,6 +39,7 @@ from probtransformer.inference.elbo import MeanFieldELBO, NonFiniteELBOError, no
 from probtransformer.inference.guides import GUIDES, build_guide, has_local_latents
 from probtransformer.inference.model_checks import check_model_structure
 from probtransformer.inference.posterior import Posterior, check_data, check_model, example_of
+from probtransformer.validation import check_int
 
 
 @dataclass(eq=False)
@@ -95,10 +96,7 @@ class SVIState:
 
 
 def _check_positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
+    check_int(name, value, type_error=True)
 
 
 def _check_data(model: torch.nn.Module, data: SequenceData) -> None:

@@ -12,27 +12,11 @@ from probtransformer import priors
 from probtransformer.attention import BayesMultiheadAttention, data_plate
 from probtransformer.embedding import FeatureEmbedding, TokenEmbedding
 from probtransformer.encoder import TransformerEncoder
-from probtransformer.layers import BayesLinear, align_draws, draw_batch_shape
-from probtransformer.models._checks import (
-    check_labels,
-    check_sequence_inputs,
-    check_sizes,
-    check_values,
-)
+from probtransformer.layers import BayesLinear
 from probtransformer.models._config import EncoderConfig
+from probtransformer.validation import check_sequence_inputs
 
-__all__ = [
-    "ProtocolModel",
-    "SequenceModel",
-    "TransformerModel",
-    "align_draws",
-    "check_labels",
-    "check_sequence_inputs",
-    "check_sizes",
-    "check_values",
-    "data_plate_for",
-    "draw_batch_shape",
-]
+__all__ = ["ProtocolModel", "SequenceModel", "TransformerModel", "data_plate_for"]
 
 _PRIOR_KEYS = ("weight_prior", "attention_prior", "head_prior")
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields
 
 from probtransformer import priors
 from probtransformer.block import BAYESIAN_PARTS
-from probtransformer.models._checks import check_sizes, value_and_type
+from probtransformer.validation import check_int, check_sizes
 
 __all__ = ["OPTIONS", "EncoderConfig", "takes_encoder_options"]
 
@@ -95,10 +95,7 @@ class EncoderConfig:
             )
         check_sizes(**self.input_sizes)
         d_ff = self.d_ff
-        if isinstance(d_ff, bool) or not isinstance(d_ff, int) or d_ff < 0:
-            raise ValueError(
-                f"d_ff must be an integer >= 0 (0: no feed-forward), got {value_and_type(d_ff)}"
-            )
+        check_int("d_ff", d_ff, minimum=0)  # 0: no feed-forward sublayer
         for name in ("layer_norm", "hard_attention"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")

@@ -10,7 +10,7 @@ import torch
 
 from probtransformer import priors
 from probtransformer.layers import BayesLinear, align_draws
-from probtransformer.models._checks import check_labels
+from probtransformer.validation import check_labels
 
 __all__ = ["POOLINGS", "CategoricalHead", "check_pooling", "pool"]
 

@@ -9,6 +9,7 @@ import torch
 from pyro.nn import PyroSample
 
 from probtransformer.models._base import ProtocolModel
+from probtransformer.validation import check_int
 
 
 def _weight_prior(module: BayesianLinearRegression):
@@ -48,8 +49,7 @@ class BayesianLinearRegression(ProtocolModel):
         fit_intercept: bool = True,
     ) -> None:
         super().__init__()
-        if isinstance(in_features, bool) or not isinstance(in_features, int) or in_features < 1:
-            raise ValueError(f"in_features must be an integer >= 1, got {in_features!r}")
+        check_int("in_features", in_features)
         for name, value in (("prior_scale", prior_scale), ("noise_scale", noise_scale)):
             if not (isinstance(value, (int, float)) and 0 < value < float("inf")):
                 raise ValueError(f"{name} must be a finite number > 0, got {value!r}")

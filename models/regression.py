@@ -17,10 +17,10 @@ from probtransformer.attention import BayesMultiheadAttention
 from probtransformer.encoder import TransformerDecoder
 from probtransformer.layers import align_draws, flatten_draws
 from probtransformer.models._base import TransformerModel
-from probtransformer.models._checks import check_sizes, check_values
 from probtransformer.models._config import EncoderConfig, takes_encoder_options
 from probtransformer.models.heads import check_pooling, pool
 from probtransformer.positional import sinusoid_table
+from probtransformer.validation import check_sizes, check_values
 
 LIKELIHOODS = ("normal", "student_t")
 

@@ -16,6 +16,8 @@ import numpy as np
 import pyro.distributions as dist
 import torch
 
+from probtransformer.validation import check_int
+
 
 def _check_positive(name: str, value: float) -> None:
     if not isinstance(value, (int, float)) or isinstance(value, bool):
@@ -162,10 +164,7 @@ def local_window(width: int, *, outside: float = 0.0) -> LocalWindow:
     Raises:
         TypeError/ValueError: ``width`` not an int >= 0, ``outside`` not a finite number >= 0.
     """
-    if isinstance(width, bool) or not isinstance(width, int):
-        raise TypeError(f"local_window width must be an int, got {type(width).__name__}")
-    if width < 0:
-        raise ValueError(f"local_window width must be >= 0, got {width}")
+    check_int("local_window width", width, minimum=0, type_error=True)
     _check_non_negative("local_window outside", outside)
     return LocalWindow(width, float(outside))
 

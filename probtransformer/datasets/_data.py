@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from probtransformer.datasets._checks import as_tensor, check_finite, is_int
+from probtransformer.validation import as_tensor, check_finite, is_int
 
 
 @dataclass(eq=False)

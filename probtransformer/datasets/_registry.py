@@ -12,8 +12,8 @@ from numbers import Real
 
 import pandas as pd
 
-from probtransformer.datasets._checks import is_int
 from probtransformer.datasets._data import DatasetSplits
+from probtransformer.validation import is_int
 
 EXTRA = "datasets"  # the pip extra that installs sktime and statsmodels
 

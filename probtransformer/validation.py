@@ -1,17 +1,100 @@
-"""Input checks of the built-in models: sizes, sequences of features or token ids, masks,
-class labels and real-valued targets. Each raises ``TypeError``/``ValueError`` naming what was
-expected and what arrived."""
+"""Input validation shared by every entry point: the one integer check, the one conversion of
+arrays to tensors, and the input checks of the built-in models (sequences of features or token
+ids, masks, class labels, real-valued targets).
+
+Each check raises ``TypeError`` (wrong type or dtype) or ``ValueError`` (wrong value, shape or
+range) naming what was expected and what arrived. The protocol-level checks that need a Pyro
+trace (where latents are read, the likelihood's shape) are ``inference.model_checks``.
+"""
 
 from __future__ import annotations
 
+from numbers import Integral
+from typing import Any
+
+import numpy as np
+import pandas as pd
 import torch
 
 __all__ = [
+    "as_tensor",
+    "check_finite",
+    "check_int",
     "check_labels",
     "check_sequence_inputs",
     "check_sizes",
     "check_values",
+    "is_int",
+    "value_and_type",
 ]
+
+
+def check_int(
+    name: str, value: object, *, minimum: int | None = 1, type_error: bool = False
+) -> None:
+    """Raise unless ``value`` is a Python ``int`` (bools refused) ``>= minimum``.
+
+    Args:
+        name: the argument's name, for the message.
+        value: what arrived.
+        minimum: the smallest value accepted (None: any int).
+        type_error: a value that is not an int raises ``TypeError`` ("``name`` must be an int")
+            instead of ``ValueError`` ("``name`` must be an integer >= ``minimum``"): the
+            library's fit settings use the first form, sizes and counts the second.
+
+    Raises:
+        TypeError: ``type_error`` and ``value`` is not an int.
+        ValueError: ``value`` is below ``minimum`` (or not an int, without ``type_error``).
+    """
+    ok_type = isinstance(value, int) and not isinstance(value, bool)
+    if type_error:
+        if not ok_type:
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        if minimum is not None and value < minimum:
+            raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    elif not ok_type or (minimum is not None and value < minimum):
+        bound = "" if minimum is None else f" >= {minimum}"
+        raise ValueError(f"{name} must be an integer{bound}, got {value_and_type(value)}")
+
+
+def is_int(value: Any) -> bool:
+    """True for a Python or numpy integer; False for bool, which is an int subclass."""
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
+def as_tensor(value: Any, name: str) -> torch.Tensor:
+    """Convert a tensor, numpy array or pandas object: floats -> float32, ints -> int64."""
+    if isinstance(value, pd.DataFrame | pd.Series):
+        value = value.to_numpy()
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind not in "biuf":
+            raise TypeError(f"{name} must hold numbers or bools, got numpy dtype {value.dtype}")
+        # a copy where numpy's memory is read-only (pandas) or strided
+        value = torch.from_numpy(np.require(value, requirements=["C", "W"]))
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(
+            f"{name} must be a torch.Tensor, numpy array or pandas DataFrame, "
+            f"got {type(value).__name__}"
+        )
+    if value.device.type == "meta":
+        raise ValueError(
+            f"{name} is on the 'meta' device, which holds shapes but no values: create it on "
+            "'cpu' or 'cuda'"
+        )
+    if value.is_complex():
+        raise TypeError(f"{name} must be real, got {value.dtype}")
+    if value.is_floating_point():
+        return value.to(torch.float32)
+    if value.dtype == torch.bool:
+        return value
+    return value.to(torch.int64)
+
+
+def check_finite(t: torch.Tensor, name: str) -> None:
+    """Raise ValueError if a floating tensor holds NaN or inf (integer tensors pass)."""
+    if t.is_floating_point() and t.numel() and not torch.isfinite(t).all():
+        bad = int((~torch.isfinite(t)).sum())
+        raise ValueError(f"{name} must be finite, got {bad} NaN/inf entries")
 
 
 def _describe(t: torch.Tensor) -> str:
@@ -21,8 +104,7 @@ def _describe(t: torch.Tensor) -> str:
 def check_sizes(**sizes: object) -> None:
     """Raise ``ValueError`` unless every value is an int ``>= 1`` (bools refused)."""
     for name, value in sizes.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {value_and_type(value)}")
+        check_int(name, value)
 
 
 def value_and_type(value: object) -> str:

@@ -41,7 +41,8 @@ def to_inference_data(
 ) -> az.InferenceData:
     """Export ``posterior`` with ArviZ's group layout.
 
-    Groups: ``posterior`` (every latent site with ``(chain, draw, *named dims)``, plus
+    Groups: ``posterior`` (every latent site with ``(chain, draw, *named dims)``; local latents
+    kept by the posterior with ``(chain, draw, obs, ...)``, ``obs`` the training rows; plus
     ``attention`` of the first ``attention_obs`` sequences of ``data`` with dims
     ``(chain, draw, attention_obs, layer, head, query, key)``), ``log_likelihood`` (pointwise on
     ``data``, dim ``obs``, for LOO/WAIC), ``posterior_predictive``, ``observed_data`` and, with
@@ -64,6 +65,8 @@ def to_inference_data(
     draws = posterior.draws(num_samples, seed=seed)
     dims, coords = site_dims(model)
     post = {name: _numpy(value) for name, value in draws.items()}
+    for name, shape in posterior.local_shapes.items():
+        dims[name] = ["obs", *(f"{name}.event_{i}" for i in range(len(shape)))]
     if attention_obs and getattr(model, "attention_modules", None):
         rows = data[: min(attention_obs, len(data))]
         attention = posterior.attention(rows.x, rows.mask, num_samples=num_samples, seed=seed)

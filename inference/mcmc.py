@@ -11,11 +11,25 @@ import torch
 from pyro import poutine
 from pyro.infer.autoguide.initialization import InitMessenger, init_to_uniform
 from pyro.infer.mcmc import HMC, MCMC, NUTS
-from pyro.infer.mcmc.util import initialize_model
 from pyro.infer.reparam import LocScaleReparam
 
 from probtransformer.attention import LOCAL_LATENT, BayesMultiheadAttention
 from probtransformer.datasets import SequenceData
+from probtransformer.inference._pyro_compat import (
+    ChainRecorder,
+    MomentumHook,
+    TreeHook,
+    doubling_summary,
+    initialize_model,
+    kinetic_energy,
+    mean_accept_prob,
+    num_divergences,
+    num_transitions,
+    num_warmup_transitions,
+    potential_energy,
+    runs_in_worker_processes,
+    stop_workers,
+)
 from probtransformer.inference._runtime import (
     pyro_scope,
     reinitialised_copy,
@@ -23,7 +37,13 @@ from probtransformer.inference._runtime import (
     seeded,
 )
 from probtransformer.inference.guides import has_local_latents
-from probtransformer.inference.posterior import Posterior, check_model, example_of
+from probtransformer.inference.model_checks import check_sampled_sites, latent_sites
+from probtransformer.inference.posterior import (
+    Posterior,
+    check_model,
+    example_of,
+    rows_digest,
+)
 from probtransformer.inference.svi import _check_data, _check_positive_int, fit_svi
 
 #: Kernels accepted by ``fit_mcmc(kernel=...)``.
@@ -47,13 +67,14 @@ SAMPLE_STATS = (
 )
 
 
-class _SampleStats:
+class _SampleStats(MomentumHook):
     """Mixin for Pyro's ``HMC``/``NUTS`` that records one set of statistics per kept draw.
 
     Pyro keeps the energy, tree depth and per-transition acceptance probability in locals of
-    ``sample``; they are recovered here from the kernel's hooks (``_sample_r`` sees the start of
-    each transition, ``_build_tree`` every top-level doubling) and returned by ``diagnostics()``
-    under ``"sample_stats"``, which Pyro sends back from worker processes too.
+    ``sample``; they are recovered here from the kernel's hooks (``on_momentum`` at the start of
+    each transition, ``on_doubling`` at every top-level doubling; see ``_pyro_compat``) and
+    returned by ``diagnostics()`` under ``"sample_stats"``, which Pyro sends back from worker
+    processes too.
 
     ``energy`` is the Hamiltonian at the start of the transition (after the momentum refresh),
     the quantity E-BFMI is defined on (Betancourt 2016); ``lp`` is minus the potential energy of
@@ -64,40 +85,37 @@ class _SampleStats:
         self.draw_stats: list[dict] = []
         super().setup(warmup_steps, *args, **kwargs)
 
-    def _sample_r(self, name):
-        r, r_unscaled = super()._sample_r(name)
-        _, potential_energy, _ = self._fetch_from_cache()
-        if potential_energy is not None:
-            self._energy = float(self._kinetic_energy(r_unscaled) + potential_energy)
-        return r, r_unscaled
+    def on_momentum(self, r_unscaled: dict) -> None:
+        energy = potential_energy(self)
+        if energy is not None:
+            self.transition_energy = float(kinetic_energy(self, r_unscaled) + energy)
 
     def sample(self, params):
-        previous_mean = self._mean_accept_prob
-        divergences = len(self._divergences)
+        previous_mean = mean_accept_prob(self)
+        divergences = num_divergences(self)
         step_size = float(self.step_size)
-        self._energy = math.nan
-        self._trees: list = []
+        self.transition_energy = math.nan
+        self.transition_trees: list = []
         z = super().sample(params)
-        n = self._t - self._warmup_steps if self._t > self._warmup_steps else self._t
+        t, warmup = num_transitions(self), num_warmup_transitions(self)
+        n = t - warmup if t > warmup else t
         # Pyro keeps a running mean of the acceptance probability; invert one update of it.
-        accept = self._mean_accept_prob * n - previous_mean * (n - 1)
-        _, potential_energy, _ = self._fetch_from_cache()
-        if self._trees:  # NUTS: the doubling loop's tree_depth and leapfrog count
-            last = self._trees[-1]
-            depth = len(self._trees) - int(bool(last.diverging or last.turning))
-            n_steps = sum(int(tree.num_proposals) for tree in self._trees)
+        accept = mean_accept_prob(self) * n - previous_mean * (n - 1)
+        energy = potential_energy(self)
+        if self.transition_trees:  # NUTS: the doubling loop's tree_depth and leapfrog count
+            depth, n_steps = doubling_summary(self.transition_trees)
         else:  # HMC: a fixed trajectory
             depth, n_steps = 0, int(self.num_steps)
-        if self._t > self._warmup_steps:
+        if t > warmup:
             self.draw_stats.append(
                 dict(
-                    diverging=len(self._divergences) > divergences,
+                    diverging=num_divergences(self) > divergences,
                     acceptance_rate=min(max(accept, 0.0), 1.0),
                     step_size=step_size,
                     tree_depth=depth,
                     n_steps=n_steps,
-                    energy=self._energy,
-                    lp=-float(potential_energy) if potential_energy is not None else math.nan,
+                    energy=self.transition_energy,
+                    lp=-float(energy) if energy is not None else math.nan,
                 )
             )
         return z
@@ -114,20 +132,11 @@ class RecordingHMC(_SampleStats, HMC):
     """Pyro's ``HMC`` that also reports per-draw ``sample_stats`` (see ``_SampleStats``)."""
 
 
-class RecordingNUTS(_SampleStats, NUTS):
+class RecordingNUTS(_SampleStats, TreeHook, NUTS):
     """Pyro's ``NUTS`` that also reports per-draw ``sample_stats`` (see ``_SampleStats``)."""
 
-    _nesting = 0
-
-    def _build_tree(self, *args, **kwargs):
-        self._nesting += 1
-        try:
-            tree = super()._build_tree(*args, **kwargs)
-        finally:
-            self._nesting -= 1
-        if self._nesting == 0:  # a top-level doubling of the trajectory
-            self._trees.append(tree)
-        return tree
+    def on_doubling(self, tree) -> None:
+        self.transition_trees.append(tree)
 
 
 def _refuse_hard_attention(model: torch.nn.Module) -> None:
@@ -179,10 +188,16 @@ def fit_mcmc(
     sampling and returns the draws so far as a Posterior with ``record["partial"] = True``
     (chains cut to a common length; chains in worker processes lose their per-draw statistics).
 
-    Local latents (``priors.StochasticAttentionPrior``: one latent per attention logit of every
-    sequence) are sampled jointly with the weights, non-centred (``LocScaleReparam``), and only
-    for small data: at most ``MAX_LOCAL_SEQUENCES`` (50) short sequences. Their draws are not
-    kept; predictions for any inputs draw them from their contextual prior given each weight draw.
+    Local latents of a user's model (sampled inside ``pyro.plate("data")``, one value per row,
+    e.g. the school effects of eight schools) are kept: ``samples[site]`` is
+    ``(chain, draw, N, *per_row)``; a pass over exactly the training data (``log_likelihood``,
+    ``to_inference_data``) is conditioned on them, other inputs draw them from the model. The
+    sites the sampler will return are checked against those the Posterior keeps before the
+    first transition. Stochastic attention's local latents (``priors.StochasticAttentionPrior``:
+    one latent per attention logit of every sequence) are sampled jointly with the weights,
+    non-centred (``LocScaleReparam``), and only for small data: at most
+    ``MAX_LOCAL_SEQUENCES`` (50) short sequences. Their draws are not kept; predictions for any
+    inputs draw them from their contextual prior given each weight draw.
 
     Cost: one gradient of the full-data log density per leapfrog step, up to
     ``2**max_tree_depth - 1`` steps per NUTS transition; neural-network posteriors ask for long
@@ -210,8 +225,9 @@ def fit_mcmc(
         progress: show Pyro's progress bar per chain.
 
     Returns:
-        A ``Posterior`` holding ``samples = {site: (chain, draw, *shape)}``; ``record`` holds the
-        settings, ``seconds``, ``sample_stats`` (``diverging``, ``acceptance_rate``,
+        A ``Posterior`` holding ``samples = {site: (chain, draw, *shape)}`` (local latents
+        ``(chain, draw, N, *per_row)``, with ``record["training_data_sha256"]``); ``record``
+        holds the settings, ``seconds``, ``sample_stats`` (``diverging``, ``acceptance_rate``,
         ``step_size``, ``tree_depth``, ``n_steps``, ``energy``, ``lp`` per chain and draw;
         ArviZ's names) and ``partial``.
 
@@ -220,7 +236,8 @@ def fit_mcmc(
             ``device``; initial parameters with a non-finite log density (names the site); more
             than ``MAX_LOCAL_SEQUENCES`` sequences for a model with local latents; a model with
             ``hard_attention=True`` (its log density is piecewise constant in the query and key
-            weights, so HMC's gradient is wrong: fit it with ``fit_svi`` or ``fit_map``).
+            weights, so HMC's gradient is wrong: fit it with ``fit_svi`` or ``fit_map``); latent
+            sites the Posterior could not keep (before sampling; see ``check_sampled_sites``).
     """
     check_model(model)
     _refuse_hard_attention(model)
@@ -264,7 +281,9 @@ def fit_mcmc(
     model = reinitialised_copy(model, seed, device)
     example = example_of(data).to(device)
     with pyro_scope(), seeded(seed, device):  # fail fast, before any MAP fit
-        _check_initial_density(model, (example.x, example.y, example.mask))
+        _, *sampled = _check_initial_density(model, (example.x, example.y, example.mask))
+    kept = latent_sites(model, example)  # what the Posterior accepts: checked before sampling
+    check_sampled_sites(*sampled, *kept, len(example))
     if has_local_latents(model) and len(data) > MAX_LOCAL_SEQUENCES:
         raise ValueError(
             f"stochastic attention under MCMC samples one latent per attention logit of every "
@@ -280,7 +299,8 @@ def fit_mcmc(
     density = _non_centred(model)
 
     with pyro_scope(), seeded(seed, device):
-        transforms = _check_initial_density(density, args)
+        transforms, *sampled = _check_initial_density(density, args)
+        check_sampled_sites(*sampled, *kept, len(train))  # uses no random numbers
         common = dict(
             step_size=step_size,
             adapt_step_size=True,
@@ -306,14 +326,15 @@ def fit_mcmc(
                 mp_context="spawn" if device.type == "cuda" else None,
                 disable_progbar=not progress,
             )
-            received = _Recorder(mcmc.sampler)
+            received = ChainRecorder(mcmc)
             try:
                 mcmc.run(*args)
             except KeyboardInterrupt:
                 partial = True
-                mcmc.sampler.terminate(True)
-    samples, stats = received.collect(sampler, transforms)
-    local = _local_sites(model, example)  # per-sequence draws: not part of the Posterior
+                stop_workers(mcmc)
+    samples, stats = _collect(received, sampler, transforms)
+    # stochastic attention's per-logit draws are not part of the Posterior
+    local = _local_sites(model, example)
     samples = {k: v for k, v in samples.items() if k not in local}
     if not samples:
         raise KeyboardInterrupt("fit_mcmc was interrupted before the first draw was kept")
@@ -328,7 +349,7 @@ def fit_mcmc(
         trajectory_length=trajectory_length if kernel == "hmc" else None,
         full_mass=full_mass,
         jit_compile=jit_compile,
-        parallel=type(mcmc.sampler).__name__ == "_MultiSampler",
+        parallel=runs_in_worker_processes(mcmc),
         seed=seed,
         num_data=len(train),
         x_range=[float(train.x.min()), float(train.x.max())],
@@ -337,6 +358,8 @@ def fit_mcmc(
         seconds=time.perf_counter() - start,
         sample_stats=stats,
     )
+    if kept[1]:  # local latents kept: a pass over exactly these rows is conditioned on them
+        record["training_data_sha256"] = rows_digest(train.x, train.y, train.mask)
     return Posterior(model, samples=samples, record=record, example=example_of(train))
 
 
@@ -391,12 +414,13 @@ def _fit_point_estimates(model, data, map_steps, device, seed, progress) -> dict
     )
 
 
-def _check_initial_density(model, args) -> dict:
-    """The unconstrained-space transforms of the model's latents; raises when it has none, or
-    naming the site when uniform initial values give a non-finite log density (Pyro itself only
-    says it gave up)."""
+def _check_initial_density(model, args) -> tuple[dict, dict, poutine.Trace]:
+    """``(transforms, initial, trace)``: the unconstrained-space transforms of the model's
+    latents, their initial unconstrained values (the sites the sampler returns) and Pyro's
+    prototype trace. Raises when the model has no latents, or naming the site when uniform
+    initial values give a non-finite log density (Pyro itself only says it gave up)."""
     try:
-        initial, _, transforms, _ = initialize_model(
+        initial, _, transforms, trace = initialize_model(
             model, model_args=args, init_strategy=init_to_uniform
         )
     except (RuntimeError, ValueError) as e:
@@ -413,7 +437,7 @@ def _check_initial_density(model, args) -> dict:
             "sample; make some parts Bayesian, or fit a point estimate with "
             "fit_svi(guide='delta')"
         )
-    return transforms
+    return transforms, initial, trace
 
 
 def _first_non_finite_site(model, args) -> str | None:
@@ -429,58 +453,30 @@ def _first_non_finite_site(model, args) -> str | None:
     return None
 
 
-class _Recorder:
-    """Keeps what each chain sends to the parent process, so an interrupted run loses nothing.
-
-    Wraps ``MCMC.sampler.run``: the first item of a chain is its ``{site: shape}`` structure, then
-    one flat unconstrained vector per kept draw, then the kernel's ``diagnostics()``.
-    """
-
-    def __init__(self, sampler) -> None:
-        self.structure: dict | None = None
-        self.draws: dict[int, list[torch.Tensor]] = {}
-        self.diagnostics: dict[int, dict] = {}
-        inner = sampler.run
-
-        def run(*args, **kwargs):
-            for item, chain in inner(*args, **kwargs):
-                if isinstance(item, torch.Tensor):
-                    self.draws.setdefault(chain, []).append(item.clone())
-                elif chain in self.draws or chain in self.diagnostics:
-                    self.diagnostics[chain] = item
-                else:
-                    self.structure = item
-                yield item, chain
-
-        sampler.run = run
-
-    def collect(self, kernel, transforms):
-        """``({site: (chain, draw, ...)}, sample_stats)``; chains cut to a common length."""
-        chains = sorted(c for c, draws in self.draws.items() if draws)
-        if not chains or self.structure is None:
-            return {}, {}
-        length = min(len(self.draws[c]) for c in chains)
-        flat = torch.stack([torch.stack(self.draws[c][:length]) for c in chains])
-        samples, position = {}, 0
-        for name in sorted(self.structure):
-            shape = self.structure[name]
-            size = shape.numel()
-            value = flat[..., position : position + size].reshape(len(chains), length, *shape)
-            position += size
-            samples[name] = transforms[name].inv(value) if name in transforms else value
-        per_chain = []
-        for c in chains:
-            if c in self.diagnostics:
-                per_chain.append(self.diagnostics[c]["sample_stats"])
-            elif len(getattr(kernel, "draw_stats", ())) >= length:  # interrupted, in-process
-                per_chain.append(_columns(kernel.draw_stats))
-            else:
-                per_chain = None  # interrupted in a worker process: its statistics are lost
-                break
-        stats = {}
-        if per_chain is not None:
-            stats = {k: [chain[k][:length] for chain in per_chain] for k in SAMPLE_STATS}
-        return samples, stats
+def _collect(received: ChainRecorder, kernel, transforms) -> tuple[dict, dict]:
+    """``({site: (chain, draw, ...)}, sample_stats)`` of what the chains sent, constrained;
+    chains cut to a common length."""
+    chains = sorted(c for c, draws in received.draws.items() if draws)
+    if not chains or received.structure is None:
+        return {}, {}
+    length = min(len(received.draws[c]) for c in chains)
+    samples = received.unflatten(chains, length)
+    for name, value in samples.items():
+        if name in transforms:
+            samples[name] = transforms[name].inv(value)
+    per_chain = []
+    for c in chains:
+        if c in received.diagnostics:
+            per_chain.append(received.diagnostics[c]["sample_stats"])
+        elif len(getattr(kernel, "draw_stats", ())) >= length:  # interrupted, in-process
+            per_chain.append(_columns(kernel.draw_stats))
+        else:
+            per_chain = None  # interrupted in a worker process: its statistics are lost
+            break
+    stats = {}
+    if per_chain is not None:
+        stats = {k: [chain[k][:length] for chain in per_chain] for k in SAMPLE_STATS}
+    return samples, stats
 
 
 __all__ = ["KERNELS", "RecordingHMC", "RecordingNUTS", "SAMPLE_STATS", "fit_mcmc"]

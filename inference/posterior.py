@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
 import math
 import warnings
@@ -15,13 +16,19 @@ import torch
 from pyro import poutine
 from pyro.infer.autoguide import AutoDelta, AutoGuide
 from pyro.nn import PyroModule
-from pyro.poutine.util import site_is_subsample
 from torch import nn
 
 from probtransformer.attention import amortized
 from probtransformer.datasets import SequenceData
+from probtransformer.inference._pyro_compat import site_is_subsample
 from probtransformer.inference._runtime import is_invalid_parameter_error, pyro_scope, seeded
 from probtransformer.inference.guides import AmortizedGuide
+from probtransformer.inference.model_checks import (
+    DRAWS_DIM,
+    DRAWS_PLATE,
+    check_draw_batch_shape,
+    latent_sites,
+)
 from probtransformer.inference.prediction import (
     PosteriorAttention,
     Prediction,
@@ -59,6 +66,19 @@ def check_model(model: object) -> None:
 def example_of(data: SequenceData) -> SequenceData:
     """The first (up to) two rows of ``data`` on CPU: enough to trace the model and guide."""
     return data[: min(2, len(data))].to("cpu")
+
+
+def rows_digest(x: torch.Tensor, y: torch.Tensor | None, mask: torch.Tensor | None) -> str:
+    """SHA-256 of the shapes, dtypes and values of ``(x, y, mask)``: recognises the training data
+    whose rows the local latents kept by a sample-based posterior belong to."""
+    digest = hashlib.sha256()
+    for tensor in (x, y, mask):
+        if tensor is None:
+            digest.update(b"None")
+            continue
+        digest.update(f"{tuple(tensor.shape)} {tensor.dtype}".encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
 
 
 def _as_tensor(value: object, name: str) -> torch.Tensor | None:
@@ -103,11 +123,21 @@ class Posterior:
     ``members`` holds the model's parameters for each draw (a deep ensemble's members,
     Lakshminarayanan et al. 2017), copied into the model for that draw's pass.
 
+    Local latents (sampled inside ``pyro.plate("data")``, one value per training row, e.g. the
+    school effects of eight schools) may be kept in ``samples`` as ``(chain, draw, N, *per_row)``
+    (``fit_mcmc`` keeps them). They belong to the training rows: a pass over exactly the training
+    data (``record["training_data_sha256"]``, see ``rows_digest``) is conditioned on them;
+    any other input draws them from the model given each draw of the global latents.
+
     Attributes:
         model: the fitted model (on the fit's device, in eval mode for prediction; for an
             ensemble it holds the first member's parameters between calls).
         guide: the fitted autoguide (SVI), else None.
-        samples: ``{site: (chain, draw, *shape)}`` draws (sample-based), else None.
+        samples: ``{site: (chain, draw, *shape)}`` draws (sample-based), else None; local
+            latents ``(chain, draw, N, *per_row)``.
+        latent_shapes: ``{site: shape}`` of the global latent sites.
+        local_shapes: ``{site: per_row_shape}`` of the local latent sites (not those of
+            stochastic attention, which are re-drawn for any input).
         members: ``{name: (chain, draw, *shape)}``, the model's parameter ``name`` (of
             ``named_parameters``: its point estimates) for each draw of ``samples`` (ensembles),
             else None. Buffers (prior constants, head masks) are the model's, shared by all.
@@ -144,9 +174,9 @@ class Posterior:
         self.example = example
         tensors = itertools.chain(model.parameters(), model.buffers())
         self._device = next(tensors, torch.empty(0)).device
-        self.latent_shapes = self._find_latent_shapes()
+        self.latent_shapes, self.local_shapes = latent_sites(model, example.to(self._device))
         if samples is not None:
-            _check_samples(samples, self.latent_shapes)
+            _check_samples(samples, self.latent_shapes, self.local_shapes)
         if members is not None:
             _check_members(members, model, samples)
 
@@ -156,27 +186,6 @@ class Posterior:
     def device(self) -> torch.device:
         """Where the model lives (inputs are moved there; results come back on CPU)."""
         return self._device
-
-    def _find_latent_shapes(self) -> dict[str, torch.Size]:
-        ex = self.example.to(self.device)
-        with pyro_scope(), seeded(0, self.device), torch.no_grad(), poutine.block():
-            trace = poutine.trace(self.model).get_trace(ex.x, ex.y, ex.mask)
-        if self.model.likelihood_site not in trace.nodes:
-            raise ValueError(
-                f"{type(self.model).__name__}.likelihood_site is "
-                f"{self.model.likelihood_site!r}, but the model has no sample site of that name"
-            )
-        return {
-            name: site["value"].shape
-            for name, site in trace.nodes.items()
-            if site["type"] == "sample"
-            and not site["is_observed"]
-            and not site["infer"].get("_deterministic")
-            and not site["infer"].get("is_auxiliary")
-            and not site_is_subsample(site)
-            and not _is_local(site)
-            and name != self.model.likelihood_site
-        }
 
     @property
     def is_point_estimate(self) -> bool:
@@ -189,6 +198,7 @@ class Posterior:
     def draws(self, num_samples: int | None = None, *, seed: int = 0) -> dict[str, torch.Tensor]:
         """Posterior draws of every latent site with ``(chain, draw)`` leading dims.
 
+        Local latents kept by a sample-based posterior come as ``(chain, draw, N, *per_row)``.
         SVI: one chain of ``num_samples`` fresh guide draws (None: ``DEFAULT_NUM_SAMPLES``).
         Sample-based: each chain thinned evenly to ``ceil(num_samples / num_chains)`` draws
         (None: every draw). Point estimates: one draw.
@@ -349,15 +359,20 @@ class Posterior:
     ) -> dict[str, torch.Tensor]:
         """Run the model once per row batch for all draws at once; ``read`` picks the outputs.
 
-        Each output of ``read`` has dims ``(S, n, ...)``; batches are joined along ``n`` on CPU.
+        Local latents in ``flat_draws`` (``(S, N, *per_row)``, ``x`` being the training data)
+        condition each batch on its rows. Each output of ``read`` has dims ``(S, n, ...)``;
+        batches are joined along ``n`` on CPU.
+
+        Raises:
+            ValueError: non-finite outputs, or a likelihood whose batch shape is not
+                ``(S, n)`` (a latent broadcast against the draw dim; ``check_draw_batch_shape``).
         """
         num = next(iter(flat_draws.values())).shape[0] if flat_draws else 1
-        condition = {k: v.reshape(num, 1, *v.shape[1:]) for k, v in flat_draws.items()}
-        model = _LikelihoodNotSampled(self.model.likelihood_site, self.device)(
-            poutine.condition(self.model, data=condition)
-        )
-        if isinstance(self.guide, AmortizedGuide):  # local latents from the amortized guide
-            model = amortized(self.guide)(model)
+        site = self.model.likelihood_site
+        local = {k: v for k, v in flat_draws.items() if k in self.local_shapes}
+        condition = {
+            k: v.reshape(num, 1, *v.shape[1:]) for k, v in flat_draws.items() if k not in local
+        }
         pieces: dict[str, list[torch.Tensor]] = {}
         with pyro_scope(), torch.no_grad():
             for start in range(0, x.shape[0], batch_size):
@@ -367,8 +382,14 @@ class Posterior:
                     None if y is None else y[rows],
                     None if mask is None else mask[rows],
                 )
+                rows_condition = {**condition, **{k: v[:, rows] for k, v in local.items()}}
+                model = _LikelihoodNotSampled(site, self.device)(
+                    poutine.condition(self.model, data=rows_condition)
+                )
+                if isinstance(self.guide, AmortizedGuide):  # local latents from the guide
+                    model = amortized(self.guide)(model)
                 try:
-                    with pyro.plate("_draws", num, dim=-2):  # dim -1: the model's data plate
+                    with pyro.plate(DRAWS_PLATE, num, dim=DRAWS_DIM):  # -1: the data plate
                         trace = poutine.trace(model).get_trace(*args)
                 except ValueError as e:
                     if not is_invalid_parameter_error(e):
@@ -377,6 +398,7 @@ class Posterior:
                         f"the model's outputs are not finite for input rows {rows.start} to "
                         f"{min(rows.stop, x.shape[0]) - 1}: are the inputs scaled as in training?"
                     ) from e
+                check_draw_batch_shape(site, trace.nodes[site]["fn"], num, args[0].shape[0])
                 for key, value in read(trace).items():
                     pieces.setdefault(key, []).append(value.cpu())
         return {
@@ -431,6 +453,10 @@ class Posterior:
                 f"memory_budget must be a number of bytes >= 1 or None, got {memory_budget!r}"
             )
         draws = self.draws(num_samples, seed=seed)
+        if set(draws) & set(self.local_shapes) and (
+            self.record.get("training_data_sha256") != rows_digest(x, y, mask)
+        ):  # kept local latents belong to the training rows: re-drawn for any other input
+            draws = {k: v for k, v in draws.items() if k not in self.local_shapes}
         states = self._member_states(num_samples)
         first = next(iter({**draws, **(states or {})}.values()), None)
         if first is not None:
@@ -790,18 +816,34 @@ def _check_members(
             )
 
 
-def _check_samples(samples: dict[str, torch.Tensor], shapes: dict[str, torch.Size]) -> None:
-    """Draws must cover every latent site with ``(chain, draw, *site shape)``, dims shared."""
-    if set(samples) != set(shapes):
+def _check_samples(
+    samples: dict[str, torch.Tensor],
+    shapes: dict[str, torch.Size],
+    local_shapes: dict[str, torch.Size],
+) -> None:
+    """Draws must cover every global latent site with ``(chain, draw, *site shape)`` and may
+    hold local ones with ``(chain, draw, N, *per_row shape)``; ``(chain, draw)`` and ``N``
+    shared."""
+    if not set(shapes) <= set(samples) <= set(shapes) | set(local_shapes):
+        may = f" (and may hold its local latents {sorted(local_shapes)})" if local_shapes else ""
         raise ValueError(
-            f"samples must hold the model's latent sites {sorted(shapes)}, got {sorted(samples)}"
+            f"samples must hold the model's latent sites {sorted(shapes)}{may}, got "
+            f"{sorted(samples)}"
         )
     leading = {tuple(value.shape[:2]) for value in samples.values()}
+    rows = {value.shape[2] for name, value in samples.items() if name in local_shapes}
     for name, value in samples.items():
-        if value.dim() < 2 or value.shape[2:] != shapes[name] or len(leading) > 1:
+        if name in local_shapes:
+            shape = local_shapes[name]
+            wanted = f"(chain, draw, N, *{tuple(shape)}) with the N of the other local latents and"
+            ok = value.dim() >= 3 and value.shape[3:] == shape and len(rows) == 1
+        else:
+            wanted = f"(chain, draw, *{tuple(shapes[name])}) with"
+            ok = value.dim() >= 2 and value.shape[2:] == shapes[name]
+        if not ok or len(leading) > 1:
             raise ValueError(
-                f"samples[{name!r}] must have shape (chain, draw, *{tuple(shapes[name])}) with "
-                f"the same (chain, draw) as the other sites, got {tuple(value.shape)}"
+                f"samples[{name!r}] must have shape {wanted} the same (chain, draw) as the "
+                f"other sites, got {tuple(value.shape)}"
             )
 
 
@@ -829,11 +871,6 @@ def _categorical(fn) -> torch.distributions.Categorical | None:
         if fn is None:
             return None
     return fn
-
-
-def _is_local(site: dict) -> bool:
-    """A local latent: sampled inside the data plate, one value per sequence."""
-    return any(frame.name == "data" for frame in site["cond_indep_stack"])
 
 
 def _sum_log_prob(sites) -> torch.Tensor:

@@ -1,13 +1,16 @@
 """Fits trace a model once and reject Pyro's silent-wrong-model pitfalls, naming site and fix."""
 
+from unittest import mock
+
 import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+from pyro.infer.mcmc import MCMC
 from pyro.nn import PyroModule, PyroSample
 
 from probtransformer.datasets import SequenceData
-from probtransformer.inference import fit_mcmc, fit_svi
+from probtransformer.inference import Posterior, fit_mcmc, fit_svi
 from probtransformer.inference.model_checks import check_model_structure, module_sample_sites
 from probtransformer.models import SequenceRegressor, TokenTagger
 
@@ -126,3 +129,60 @@ class LinearReadInPlate(Regression):
 def test_a_linear_layer_read_in_the_plate_is_named_before_torch_fails(data):
     with pytest.raises(ValueError, match="the global latent 'lin.weight'"):
         fit_svi(LinearReadInPlate(), data, **QUICK)
+
+
+class BroadcastAgainstDraws(Regression):
+    """``w.unsqueeze(-2)`` meant to put the rows' dim before the weight's: right for one draw
+    ``(P,)``, but a ``(K, 1, P)`` draw becomes ``(K, 1, 1, P)`` and the likelihood ``(K, K, N)``."""
+
+    def forward(self, x, y=None, mask=None, *, num_data=None):
+        w = self.w
+        with pyro.plate("data", num_data or len(x), subsample=torch.arange(len(x))):
+            return pyro.sample("y", dist.Normal((x * w.unsqueeze(-2)).sum(-1), 1.0), obs=y)
+
+
+class BroadcastFromTheRight(Regression):
+    """The same model written to broadcast: ``(x * w).sum(-1)`` is ``(N,)`` or ``(K, N)``."""
+
+    def forward(self, x, y=None, mask=None, *, num_data=None):
+        w = self.w
+        with pyro.plate("data", num_data or len(x), subsample=torch.arange(len(x))):
+            return pyro.sample("y", dist.Normal((x * w).sum(-1), 1.0), obs=y)
+
+
+DRAW_DIM_WORDS = r"'y' has batch shape \(2, 2, 3\).*expected batch shape \(2, 3\).*\(x \* w\)\.sum"
+
+
+def test_a_latent_broadcast_against_the_draw_dim_is_refused_before_any_step(data):
+    with mock.patch(
+        "probtransformer.inference.svi.reinitialised_copy", side_effect=AssertionError("fit")
+    ):
+        with pytest.raises(ValueError, match=DRAW_DIM_WORDS):
+            fit_svi(BroadcastAgainstDraws(), data, **QUICK)
+    with mock.patch.object(MCMC, "run", side_effect=AssertionError("sampling started")):
+        with pytest.raises(ValueError, match=DRAW_DIM_WORDS):
+            fit_mcmc(BroadcastAgainstDraws(), data, num_chains=1, num_samples=5, progress=False)
+
+
+def test_the_model_written_to_broadcast_passes_with_per_observation_log_likelihoods(data):
+    post = fit_mcmc(
+        BroadcastFromTheRight(), data, num_chains=2, num_warmup=50, num_samples=20, progress=False
+    )
+    assert post.log_likelihood(data).shape == (2, 20, len(data))
+    idata = post.to_inference_data(data)
+    assert idata.log_likelihood["y"].dims == ("chain", "draw", "obs")
+    assert idata.log_likelihood["y"].shape == (2, 20, len(data))
+
+
+def test_the_prediction_engine_refuses_a_wrong_likelihood_shape_too(data):
+    """A posterior built around the broadcasting model without a fit (loaded, or assembled):
+    its vectorized pass raises instead of exporting (K, K, N) log-likelihoods."""
+    w = torch.randn(1, 4, 2)
+    post = Posterior(BroadcastAgainstDraws(), samples={"w": w}, record={}, example=data[:2])
+    with pytest.raises(ValueError, match=r"'y' has batch shape \(4, 4, 6\)"):
+        post.log_likelihood(data)
+
+
+def test_a_model_that_cannot_run_under_vectorized_draws_is_fitted_with_a_warning(data):
+    with pytest.warns(UserWarning, match="Regression fails under 2 vectorized posterior draws"):
+        fit_svi(Regression(), data, **QUICK)  # `x @ w` with w (2, 1, 2): a torch shape error

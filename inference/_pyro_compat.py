@@ -1,6 +1,6 @@
-"""Every use of Pyro's private or internal API by ``probtransformer.inference``, in one place.
+"""Pyro's private and internal API used by ``probtransformer.inference``, kept in one place.
 
-Written against pyro-ppl 1.9.x (checked on 1.9.1 and 1.9.2). Pyro does not promise these names
+Written against pyro-ppl 1.9.x (checked on 1.9.2). Pyro does not promise these names
 across releases: when Pyro is upgraded, re-check this module against the new sources;
 ``tests/inference/test_pyro_compat.py`` pins the version range and checks that every attribute,
 method and function used here exists with the signature this module expects.

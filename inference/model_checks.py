@@ -226,12 +226,19 @@ class _GlobalsOutsideDataPlate(poutine.messenger.Messenger):
 def check_model_structure(model: PyroModule, data: SequenceData) -> None:
     """Trace ``model`` on the first rows of ``data`` and reject the pitfalls listed above.
 
+    Three traces: one draw of the prior, a second, and one vectorized pass conditioned on both
+    (``PROBE_DRAWS``), each under a forked RNG, so the caller's random numbers are untouched.
+
     Args:
         model: a model following the protocol (``likelihood_site``, ``forward(x, y, mask)``).
         data: training data with targets; the first (up to) 3 rows are used.
 
     Raises:
         ValueError: naming the site, what is wrong, and how to fix it.
+
+    Warns:
+        UserWarning: the model fails outright under vectorized draws (a torch shape error):
+            it can be fitted, but its predictions and log-likelihoods will fail.
     """
     rows = data[: min(3, len(data))]
     try:

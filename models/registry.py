@@ -64,22 +64,15 @@ def class_path(cls: type) -> str:
 @functools.cache
 def _builtin_models() -> dict[str, type[PyroModule]]:
     # imported here: the model modules are imported by probtransformer.models before this one
-    from probtransformer.models import (
-        BayesianLinearRegression,
-        CausalLM,
-        Seq2Seq,
-        SequenceClassifier,
-        SequenceRegressor,
-        TokenTagger,
-    )
+    from probtransformer import models
 
     classes = (
-        BayesianLinearRegression,
-        CausalLM,
-        Seq2Seq,
-        SequenceClassifier,
-        SequenceRegressor,
-        TokenTagger,
+        models.BayesianLinearRegression,
+        models.CausalLM,
+        models.Seq2Seq,
+        models.SequenceClassifier,
+        models.SequenceRegressor,
+        models.TokenTagger,
     )
     by_name = {cls.__name__: cls for cls in classes}
     builtins = {path: by_name[name] for path, name in _SAVED_BY_0FADAF9.items()}

@@ -129,6 +129,20 @@ class TransformerBlock(PyroModule):
             return h
         return self._sublayer(h, lambda x: self.dropout(self.ffn(x)), self.norm2)
 
+    def _self_attention(
+        self,
+        h: torch.Tensor,
+        key_padding_mask: torch.Tensor | None,
+        attn_mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """The self-attention sublayer, residual connection and LayerNorm included."""
+
+        def attend(x: torch.Tensor) -> torch.Tensor:
+            out = self.attention(x, key_padding_mask=key_padding_mask, attn_mask=attn_mask)
+            return self.dropout(out)
+
+        return self._sublayer(h, attend, self.norm1)
+
     def forward(
         self,
         h: torch.Tensor,
@@ -136,11 +150,7 @@ class TransformerBlock(PyroModule):
         key_padding_mask: torch.Tensor | None = None,
         attn_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        def attend(x: torch.Tensor) -> torch.Tensor:
-            out = self.attention(x, key_padding_mask=key_padding_mask, attn_mask=attn_mask)
-            return self.dropout(out)
-
-        return self._feed_forward(self._sublayer(h, attend, self.norm1))
+        return self._feed_forward(self._self_attention(h, key_padding_mask, attn_mask))
 
 
 class DecoderBlock(TransformerBlock):
@@ -186,12 +196,8 @@ class DecoderBlock(TransformerBlock):
         memory_mask: torch.Tensor | None = None,
         attn_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        def attend(x: torch.Tensor) -> torch.Tensor:
-            out = self.attention(x, key_padding_mask=key_padding_mask, attn_mask=attn_mask)
-            return self.dropout(out)
-
         def cross(x: torch.Tensor) -> torch.Tensor:
             return self.dropout(self.cross_attention(x, memory, key_padding_mask=memory_mask))
 
-        h = self._sublayer(h, attend, self.norm1)
+        h = self._self_attention(h, key_padding_mask, attn_mask)
         return self._feed_forward(self._sublayer(h, cross, self.norm3))

@@ -7,6 +7,7 @@ import torch
 from probtransformer.models._base import TransformerModel
 from probtransformer.models._config import EncoderConfig, takes_encoder_options
 from probtransformer.models.heads import CategoricalHead, check_pooling, pool
+from probtransformer.validation import check_num_classes
 
 
 class SequenceClassifier(TransformerModel):
@@ -76,8 +77,7 @@ class SequenceClassifier(TransformerModel):
         **options,
     ) -> None:
         super().__init__()
-        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
-            raise ValueError(f"num_classes must be >= 2 (an integer), got {num_classes!r}")
+        check_num_classes(num_classes)
         check_pooling(pooling, ("mean", "cls"))
         cls_token = pooling == "cls"
         self._build_encoder(

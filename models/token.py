@@ -10,6 +10,7 @@ import torch
 from probtransformer.models._base import TransformerModel
 from probtransformer.models._config import EncoderConfig, takes_encoder_options
 from probtransformer.models.heads import CategoricalHead
+from probtransformer.validation import check_num_classes
 
 
 class TokenTagger(TransformerModel):
@@ -51,8 +52,7 @@ class TokenTagger(TransformerModel):
         **options,
     ) -> None:
         super().__init__()
-        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
-            raise ValueError(f"num_classes must be >= 2 (an integer), got {num_classes!r}")
+        check_num_classes(num_classes)
         config = EncoderConfig(max_len, in_features, vocab_size, grid, **options, causal=causal)
         self._build_encoder(config)
         self.num_classes = num_classes

@@ -21,6 +21,7 @@ __all__ = [
     "check_finite",
     "check_int",
     "check_labels",
+    "check_num_classes",
     "check_sequence_inputs",
     "check_sizes",
     "check_values",
@@ -55,6 +56,13 @@ def check_int(
     elif not ok_type or (minimum is not None and value < minimum):
         bound = "" if minimum is None else f" >= {minimum}"
         raise ValueError(f"{name} must be an integer{bound}, got {value_and_type(value)}")
+
+
+def check_num_classes(num_classes: object) -> None:
+    """Raise ``ValueError`` unless ``num_classes`` is a Python ``int`` >= 2 (bools refused): a
+    categorical likelihood needs at least two classes."""
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
+        raise ValueError(f"num_classes must be >= 2 (an integer), got {num_classes!r}")
 
 
 def is_int(value: Any) -> bool:

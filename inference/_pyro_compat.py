@@ -10,7 +10,15 @@ What is used, and why:
 - ``pyro.infer.mcmc.util.initialize_model``: the unconstrained initial values and the
   transforms of a model's latents, as the HMC kernels compute them (before sampling starts).
 - ``pyro.poutine.util.site_is_subsample``: tells the sites a ``pyro.plate(subsample=...)``
-  adds to a trace from sample sites.
+  adds to a trace from sample sites (``guides``).
+- The mean-field ELBO's internals (``elbo.MeanFieldELBO``): ``TraceMeanField_ELBO._get_trace``
+  and ``_differentiable_loss_particle``, the two methods it overrides;
+  ``pyro.infer.enum.get_importance_trace``, the validated model/guide trace pair;
+  ``pyro.infer.trace_mean_field_elbo._check_mean_field_requirement``, the check that model and
+  guide sample their sites in the same order; ``pyro.poutine.util.prune_subsample_sites``,
+  which drops the plate sites from a trace; ``pyro.distributions.util.scale_and_mask``, a
+  site's ``scale`` and ``mask`` applied to a log density; and
+  ``pyro.infer.util.is_validation_enabled``, whether ``pyro.enable_validation`` is on.
 - ``PyroModule._pyro_samples``: the ``PyroSample`` attributes a module declares.
 - HMC/NUTS kernel state (``HMC._fetch_from_cache``, ``_kinetic_energy``, ``_mean_accept_prob``,
   ``_divergences``, ``_t``, ``_warmup_steps``) and hooks (``HMC._sample_r``, called once per
@@ -30,8 +38,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import torch
+from pyro.distributions.util import scale_and_mask
+from pyro.infer.enum import get_importance_trace
 from pyro.infer.mcmc.util import initialize_model
-from pyro.poutine.util import site_is_subsample
+from pyro.infer.trace_mean_field_elbo import (
+    _check_mean_field_requirement as check_mean_field_requirement,
+)
+from pyro.infer.util import is_validation_enabled
+from pyro.poutine.util import prune_subsample_sites, site_is_subsample
 
 #: The Pyro release series this module was written against.
 PYRO_SERIES = "1.9."
@@ -177,8 +191,11 @@ __all__ = [
     "ChainRecorder",
     "MomentumHook",
     "TreeHook",
+    "check_mean_field_requirement",
     "doubling_summary",
+    "get_importance_trace",
     "initialize_model",
+    "is_validation_enabled",
     "kinetic_energy",
     "mean_accept_prob",
     "module_sample_attributes",
@@ -186,7 +203,9 @@ __all__ = [
     "num_transitions",
     "num_warmup_transitions",
     "potential_energy",
+    "prune_subsample_sites",
     "runs_in_worker_processes",
+    "scale_and_mask",
     "site_is_subsample",
     "stop_workers",
 ]

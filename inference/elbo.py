@@ -9,13 +9,16 @@ from typing import TYPE_CHECKING
 import pyro
 import torch
 from pyro import poutine
-from pyro.distributions.util import scale_and_mask
 from pyro.infer import TraceMeanField_ELBO
-from pyro.infer.enum import get_importance_trace
-from pyro.infer.trace_mean_field_elbo import _check_mean_field_requirement
-from pyro.infer.util import is_validation_enabled
-from pyro.poutine.util import prune_subsample_sites
 from torch.distributions import kl_divergence
+
+from probtransformer.inference._pyro_compat import (
+    check_mean_field_requirement,
+    get_importance_trace,
+    is_validation_enabled,
+    prune_subsample_sites,
+    scale_and_mask,
+)
 
 if TYPE_CHECKING:
     from probtransformer.inference.posterior import Posterior
@@ -55,7 +58,8 @@ class MeanFieldELBO(TraceMeanField_ELBO):
     Pyro's validation is enabled.
 
     Args and shapes: as ``pyro.infer.TraceMeanField_ELBO`` (Roeder et al. 2017 and Pyro's
-    docs for when the mean-field ELBO applies).
+    docs for when the mean-field ELBO applies). It overrides the private ``_get_trace`` and
+    ``_differentiable_loss_particle`` of Pyro's class (pinned in ``_pyro_compat``'s test).
     """
 
     def _get_trace(self, model, guide, args, kwargs):
@@ -63,7 +67,7 @@ class MeanFieldELBO(TraceMeanField_ELBO):
             self.max_plate_nesting, model, guide, args, kwargs
         )
         if is_validation_enabled():
-            _check_mean_field_requirement(model_trace, guide_trace)
+            check_mean_field_requirement(model_trace, guide_trace)
         return model_trace, guide_trace
 
     def _differentiable_loss_particle(self, model_trace, guide_trace):

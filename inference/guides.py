@@ -15,10 +15,10 @@ from pyro.infer.autoguide import (
     AutoNormal,
     init_to_sample,
 )
-from pyro.poutine.util import site_is_subsample
 from torch import nn
 
 from probtransformer.attention import LOCAL_LATENT, amortized
+from probtransformer.inference._pyro_compat import site_is_subsample
 
 #: Guide names accepted by ``fit_svi(guide=...)``.
 GUIDES = ("normal", "lowrank", "mvn", "delta")

@@ -155,3 +155,53 @@ def test_messenger_subclasses_receive_sample_messages_through_pyro_sample():
     with Spy():
         _normal_model(Y)
     assert ("loc", False, True) in seen and ("y", True, True) in seen, RECHECK
+
+
+def test_the_mean_field_elbo_internals_have_the_signatures_meanfieldelbo_uses():
+    from pyro.infer import TraceMeanField_ELBO
+
+    assert _parameters(TraceMeanField_ELBO._get_trace) == [
+        "self",
+        "model",
+        "guide",
+        "args",
+        "kwargs",
+    ], RECHECK
+    assert _parameters(TraceMeanField_ELBO._differentiable_loss_particle) == [
+        "self",
+        "model_trace",
+        "guide_trace",
+    ], RECHECK
+    expected = ["graph_type", "max_plate_nesting", "model", "guide", "args", "kwargs"]
+    assert _parameters(compat.get_importance_trace)[: len(expected)] == expected, RECHECK
+    assert _parameters(compat.check_mean_field_requirement) == ["model_trace", "guide_trace"]
+    assert _parameters(compat.prune_subsample_sites) == ["trace"], RECHECK
+    assert _parameters(compat.scale_and_mask) == ["tensor", "scale", "mask"], RECHECK
+    assert _parameters(compat.is_validation_enabled) == [], RECHECK
+
+
+def test_the_mean_field_elbo_internals_behave_as_meanfieldelbo_expects():
+    def guide(y):
+        pyro.sample("loc", dist.Normal(0.3, 0.5))
+
+    with pyro.validation_enabled(True):
+        assert compat.is_validation_enabled() is True
+        model_trace, guide_trace = compat.get_importance_trace(
+            "flat", 1, _normal_model, guide, (Y,), {}
+        )
+        compat.check_mean_field_requirement(model_trace, guide_trace)  # same order: no warning
+    with pyro.validation_enabled(False):
+        assert compat.is_validation_enabled() is False
+    # the plate's subsample site is pruned, and every site's log density is computed
+    assert "data" not in model_trace.nodes and "loc" in guide_trace.nodes
+    loc = guide_trace.nodes["loc"]["value"]
+    torch.testing.assert_close(
+        model_trace.nodes["y"]["log_prob_sum"], dist.Normal(loc, 1.0).log_prob(Y).sum()
+    )
+    full = poutine.trace(_normal_model).get_trace(Y)
+    assert "data" in full.nodes and "data" not in compat.prune_subsample_sites(full).nodes
+    term = torch.tensor([1.0, 2.0, 3.0])
+    mask = torch.tensor([True, False, True])
+    torch.testing.assert_close(
+        compat.scale_and_mask(term, scale=2.0, mask=mask), torch.tensor([2.0, 0.0, 6.0])
+    )

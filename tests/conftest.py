@@ -39,3 +39,19 @@ def small_posterior(digits) -> Posterior:
     """A small mean-field fit on 300 digits, shared read-only by many tests (about 5 s)."""
     model = SequenceClassifier(8, 10, 8, **SMALL_MODEL)
     return fit_svi(model, digits.train[:SMALL_TRAIN_ROWS], **SMALL_FIT)
+
+
+@pytest.fixture
+def one_error_line():
+    """A function of ``capsys`` that checks the CLI printed nothing to stdout and exactly one
+    ``probtransformer: error: ...`` line to stderr, and returns that line."""
+
+    def read(capsys) -> str:
+        out, err = capsys.readouterr()
+        assert out == ""
+        lines = err.splitlines()
+        assert len(lines) == 1, err
+        assert lines[0].startswith("probtransformer: error: ")
+        return lines[0]
+
+    return read

@@ -76,15 +76,6 @@ def mcmc_run(tmp_path_factory):
     return root / "run", printed.getvalue()
 
 
-def _one_error_line(capsys) -> str:
-    out, err = capsys.readouterr()
-    assert out == ""
-    lines = err.splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("probtransformer: error: ")
-    return lines[0]
-
-
 def _listing(path) -> set[str]:
     return {p.relative_to(path).as_posix() for p in path.rglob("*")}
 
@@ -177,7 +168,9 @@ def test_fit_help_shows_the_library_defaults(capsys):
     assert "one of: digits" in text
 
 
-def test_map_fit_uses_default_out_and_replaces_a_previous_run(tmp_path, monkeypatch, capsys):
+def test_map_fit_uses_default_out_and_replaces_a_previous_run(
+    tmp_path, monkeypatch, capsys, one_error_line
+):
     monkeypatch.chdir(tmp_path)
     previous = tmp_path / "runs" / "digits-map"
     (previous / "posterior").mkdir(parents=True)
@@ -185,7 +178,7 @@ def test_map_fit_uses_default_out_and_replaces_a_previous_run(tmp_path, monkeypa
     (previous / "notes.txt").write_text("the user's own file")
     fast = [a if a != "30" else "5" for a in TINY]
     assert main(["fit", "--inference", "map", *fast]) == 2  # never deletes files it did not write
-    assert "notes.txt" in _one_error_line(capsys)
+    assert "notes.txt" in one_error_line(capsys)
     (previous / "notes.txt").unlink()
     assert main(["fit", "--inference", "map", *fast]) == 0
     assert "wrote runs/digits-map" in capsys.readouterr().out
@@ -364,11 +357,13 @@ def test_mcmc_interrupted_writes_a_partial_run(tmp_path, monkeypatch, capsys):
     assert "PARTIAL: sampling was interrupted" in capsys.readouterr().out
 
 
-def test_mcmc_interrupted_before_a_draw_writes_nothing(tmp_path, monkeypatch, capsys):
+def test_mcmc_interrupted_before_a_draw_writes_nothing(
+    tmp_path, monkeypatch, capsys, one_error_line
+):
     _interrupt_after(monkeypatch, 2)  # during warmup
     monkeypatch.chdir(tmp_path)
     assert main(["fit", *TINY_MCMC, "--num-chains", "1"]) == 130
-    assert "interrupted before the first draw" in _one_error_line(capsys)
+    assert "interrupted before the first draw" in one_error_line(capsys)
     assert _listing(tmp_path) == set()
 
 
@@ -393,10 +388,10 @@ def test_mcmc_interrupted_before_a_draw_writes_nothing(tmp_path, monkeypatch, ca
         (["--target-accept-prob", "1.5"], "target_accept_prob must be a float in (0, 1)"),
     ],
 )
-def test_mcmc_bad_arguments(args, message, tmp_path, monkeypatch, capsys):
+def test_mcmc_bad_arguments(args, message, tmp_path, monkeypatch, capsys, one_error_line):
     monkeypatch.chdir(tmp_path)
     assert main(["fit", *TINY_MCMC, *args]) == 2
-    assert message in _one_error_line(capsys)
+    assert message in one_error_line(capsys)
     assert _listing(tmp_path) == set()
 
 
@@ -409,10 +404,12 @@ def test_mcmc_bad_arguments(args, message, tmp_path, monkeypatch, capsys):
         ("svi", ["--num-warmup", "5", "--num-draws", "5"], "--num-warmup, --num-draws apply to"),
     ],
 )
-def test_svi_refuses_mcmc_options(inference, args, message, tmp_path, monkeypatch, capsys):
+def test_svi_refuses_mcmc_options(
+    inference, args, message, tmp_path, monkeypatch, capsys, one_error_line
+):
     monkeypatch.chdir(tmp_path)
     assert main(["fit", *TINY, "--inference", inference, *args]) == 2
-    assert message in _one_error_line(capsys)
+    assert message in one_error_line(capsys)
     assert _listing(tmp_path) == set()
 
 
@@ -483,29 +480,29 @@ def test_predict_csv_without_header(run, splits, tmp_path):
         (["--out", "mine"], {"mine/notes.txt": "keep me"}, "not a probtransformer run directory"),
     ],
 )
-def test_fit_bad_arguments(args, files, message, tmp_path, monkeypatch, capsys):
+def test_fit_bad_arguments(args, files, message, tmp_path, monkeypatch, capsys, one_error_line):
     monkeypatch.chdir(tmp_path)
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     before = _listing(tmp_path)
     assert main(["fit", *TINY, *args]) == 2
-    assert message in _one_error_line(capsys)
+    assert message in one_error_line(capsys)
     assert _listing(tmp_path) == before  # no run directory, no staging directory
 
 
-def test_failed_fit_writes_nothing(tmp_path, monkeypatch, capsys):
+def test_failed_fit_writes_nothing(tmp_path, monkeypatch, capsys, one_error_line):
     def diverge(*args, **kwargs):
         raise NonFiniteELBOError("ELBO became non-finite at step 3", step=3, site=None)
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(probtransformer.inference, "fit_svi", diverge)
     assert main(["fit", *TINY]) == 1
-    assert "ELBO became non-finite at step 3" in _one_error_line(capsys)
+    assert "ELBO became non-finite at step 3" in one_error_line(capsys)
     assert _listing(tmp_path) == set()
 
 
-def test_failed_write_keeps_the_previous_run(tmp_path, monkeypatch, capsys):
+def test_failed_write_keeps_the_previous_run(tmp_path, monkeypatch, capsys, one_error_line):
     def disk_full(*args, **kwargs):
         raise OSError("No space left on device")
 
@@ -516,15 +513,15 @@ def test_failed_write_keeps_the_previous_run(tmp_path, monkeypatch, capsys):
     before = _listing(tmp_path)
     monkeypatch.setattr(probtransformer.plots, "save_figure", disk_full)
     assert main(["fit", *TINY, "--num-steps", "2"]) == 2
-    assert "No space left on device" in _one_error_line(capsys)
+    assert "No space left on device" in one_error_line(capsys)
     assert _listing(tmp_path) == before  # old run intact, staging directory removed
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error without CUDA")
-def test_fit_cuda_without_cuda(tmp_path, monkeypatch, capsys):
+def test_fit_cuda_without_cuda(tmp_path, monkeypatch, capsys, one_error_line):
     monkeypatch.chdir(tmp_path)
     assert main(["fit", "--device", "cuda", *TINY]) == 2
-    assert "CUDA is not available" in _one_error_line(capsys)
+    assert "CUDA is not available" in one_error_line(capsys)
     assert _listing(tmp_path) == set()
 
 
@@ -557,7 +554,7 @@ def _csv(*rows: list[str]) -> str:
         ("x.npy", "not an array\n", "cannot read"),
     ],
 )
-def test_predict_bad_input(name, content, message, run, tmp_path, capsys):
+def test_predict_bad_input(name, content, message, run, tmp_path, capsys, one_error_line):
     path = tmp_path / name
     if isinstance(content, np.ndarray):
         np.save(path, content, allow_pickle=True)
@@ -566,17 +563,19 @@ def test_predict_bad_input(name, content, message, run, tmp_path, capsys):
     before = _listing(tmp_path)
     args = ["predict", str(run[0]), "--input", str(path), "--output", str(tmp_path / "p.csv")]
     assert main(args) == 2
-    assert message in _one_error_line(capsys)
+    assert message in one_error_line(capsys)
     assert _listing(tmp_path) == before
 
 
 @pytest.mark.parametrize("output", ["no/p.csv", "folder"])
-def test_predict_unwritable_output_names_the_option(output, run, splits, tmp_path, capsys):
+def test_predict_unwritable_output_names_the_option(
+    output, run, splits, tmp_path, capsys, one_error_line
+):
     (tmp_path / "folder").mkdir()
     np.save(tmp_path / "x.npy", splits.test.x[:2].numpy())
     args = ["predict", str(run[0]), "--input", str(tmp_path / "x.npy")]
     assert main([*args, "--output", str(tmp_path / output)]) == 2
-    assert "cannot write --output" in _one_error_line(capsys)
+    assert "cannot write --output" in one_error_line(capsys)
 
 
 def test_predict_csv_with_pandas_default_header(run, splits, tmp_path):
@@ -589,28 +588,30 @@ def test_predict_csv_with_pandas_default_header(run, splits, tmp_path):
 
 @pytest.mark.parametrize("command", ["diagnose", "predict"])
 @pytest.mark.parametrize("run_dir", ["empty", "absent"])
-def test_not_a_run_directory(command, run_dir, tmp_path, capsys):
+def test_not_a_run_directory(command, run_dir, tmp_path, capsys, one_error_line):
     (tmp_path / "empty").mkdir()
     np.save(tmp_path / "x.npy", np.zeros((1, T, F), np.float32))
     extra = ["--input", str(tmp_path / "x.npy")] if command == "predict" else []
     assert main([command, str(tmp_path / run_dir), *extra]) == 2
-    assert "is not a probtransformer run directory" in _one_error_line(capsys)
+    assert "is not a probtransformer run directory" in one_error_line(capsys)
 
 
 @pytest.mark.parametrize(
     "metrics_text, message",
     [('{"dataset": "nope", "seed": 0}', "unknown dataset 'nope'"), ("{not json", "not valid JSON")],
 )
-def test_diagnose_bad_metrics_file(metrics_text, message, run, tmp_path, capsys):
+def test_diagnose_bad_metrics_file(metrics_text, message, run, tmp_path, capsys, one_error_line):
     copy = tmp_path / "run"
     shutil.copytree(run[0] / "posterior", copy / "posterior")
     (copy / "metrics.json").write_text(metrics_text)
     assert main(["diagnose", str(copy)]) == 2
-    assert message in _one_error_line(capsys)
+    assert message in one_error_line(capsys)
 
 
 @pytest.mark.parametrize("command", ["diagnose", "predict", "report"])
-def test_a_run_from_a_newer_format_version_is_refused(command, run, splits, tmp_path, capsys):
+def test_a_run_from_a_newer_format_version_is_refused(
+    command, run, splits, tmp_path, capsys, one_error_line
+):
     copy = tmp_path / "run"
     shutil.copytree(run[0], copy)
     meta_file = copy / "posterior" / "posterior.json"
@@ -620,10 +621,10 @@ def test_a_run_from_a_newer_format_version_is_refused(command, run, splits, tmp_
     np.save(tmp_path / "x.npy", splits.test.x[:2].numpy())
     extra = ["--input", str(tmp_path / "x.npy")] if command == "predict" else []
     assert main([command, str(copy), *extra]) == 2
-    assert "newer" in _one_error_line(capsys)
+    assert "newer" in one_error_line(capsys)
 
 
-def test_checkpointed_fit_resumes_to_the_same_run(tmp_path, capsys):
+def test_checkpointed_fit_resumes_to_the_same_run(tmp_path, capsys, one_error_line):
     args = ["fit", *TINY, "--num-train", "64"]
     assert main([*args, "--checkpoint-every", "10", "--out", str(tmp_path / "a")]) == 0
     assert (tmp_path / "a.checkpoint").is_dir()
@@ -633,14 +634,14 @@ def test_checkpointed_fit_resumes_to_the_same_run(tmp_path, capsys):
     assert first["nll"] == second["nll"] and first["accuracy"] == second["accuracy"]
     capsys.readouterr()
     assert main(["fit", *TINY_MCMC, "--resume-from", str(tmp_path / "a.checkpoint")]) == 2
-    assert "--resume-from applies to --inference svi and map" in _one_error_line(capsys)
+    assert "--resume-from applies to --inference svi and map" in one_error_line(capsys)
     assert main([*args, "--resume-from", str(tmp_path / "nowhere"), "--out", "c"]) == 2
-    assert "nowhere" in _one_error_line(capsys)
+    assert "nowhere" in one_error_line(capsys)
 
 
-def test_missing_command_and_help(capsys):
+def test_missing_command_and_help(capsys, one_error_line):
     assert main([]) == 2
-    assert "COMMAND" in _one_error_line(capsys)
+    assert "COMMAND" in one_error_line(capsys)
     done = subprocess.run(
         [sys.executable, "-m", "probtransformer.cli", "--help"],
         capture_output=True,
@@ -667,9 +668,9 @@ def test_fit_attention_prior_flags_build_the_model_and_the_report_shows_head_gat
     assert "effective number of heads" in html.lower()
 
 
-def test_local_window_must_be_a_non_negative_integer(tmp_path, capsys):
+def test_local_window_must_be_a_non_negative_integer(tmp_path, capsys, one_error_line):
     assert main(["fit", "--out", str(tmp_path / "run"), "--local-window", "-1"]) == 2
-    assert "--local-window: expected an integer >= 0, got '-1'" in _one_error_line(capsys)
+    assert "--local-window: expected an integer >= 0, got '-1'" in one_error_line(capsys)
     assert not (tmp_path / "run").exists()
 
 

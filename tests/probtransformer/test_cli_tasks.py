@@ -47,15 +47,6 @@ def _record(run_dir) -> dict:
     return json.loads((run_dir / "metrics.json").read_text())
 
 
-def _one_error_line(capsys) -> str:
-    out, err = capsys.readouterr()
-    assert out == ""
-    lines = err.splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("probtransformer: error: ")
-    return lines[0]
-
-
 def _finite(record: dict, keys) -> None:
     for key in keys:
         assert isinstance(record[key], float) and math.isfinite(record[key]), key
@@ -149,14 +140,16 @@ def test_tagging_predict_text_and_token_ids(tagging_run, tmp_path, capsys):
         ("x.txt", "\n  \n", "line 1 is blank"),
     ],
 )
-def test_tagging_predict_bad_input(name, content, message, tagging_run, tmp_path, capsys):
+def test_tagging_predict_bad_input(
+    name, content, message, tagging_run, tmp_path, capsys, one_error_line
+):
     path = tmp_path / name
     if isinstance(content, np.ndarray):
         np.save(path, content)
     else:
         path.write_text(content)
     assert main(["predict", str(tagging_run[0]), "--input", str(path)]) == 2
-    assert message in _one_error_line(capsys)
+    assert message in one_error_line(capsys)
 
 
 # -- language modeling --------------------------------------------------------------------------
@@ -243,9 +236,9 @@ def test_generate_sampling_is_seeded(lm_run, capsys):
         (["--top-k", "two"], "argument --top-k: invalid int value"),
     ],
 )
-def test_generate_bad_options(args, message, lm_run, capsys):
+def test_generate_bad_options(args, message, lm_run, capsys, one_error_line):
     assert main(["generate", str(lm_run[0]), "--prompt", "The", *args]) == 2
-    assert message in _one_error_line(capsys)
+    assert message in one_error_line(capsys)
 
 
 def test_generate_warns_about_characters_outside_the_vocabulary(lm_run, capsys):
@@ -259,13 +252,13 @@ def test_generate_warns_about_characters_outside_the_vocabulary(lm_run, capsys):
     ]
 
 
-def test_generate_refuses_other_runs(tagging_run, tmp_path, capsys):
+def test_generate_refuses_other_runs(tagging_run, tmp_path, capsys, one_error_line):
     assert main(["generate", str(tagging_run[0]), "--prompt", "The"]) == 2
     assert "is a tagging run (TokenTagger); generate needs a language-model run" in (
-        _one_error_line(capsys)
+        one_error_line(capsys)
     )
     assert main(["generate", str(tmp_path), "--prompt", "The"]) == 2
-    assert "is not a probtransformer run directory" in _one_error_line(capsys)
+    assert "is not a probtransformer run directory" in one_error_line(capsys)
 
 
 def test_language_model_predict_text(lm_run, tmp_path, capsys):
@@ -366,10 +359,10 @@ def test_forecast_predict_npy_and_csv(forecast_run, tmp_path):
     pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "x.csv.out.csv"), frame)
 
 
-def test_forecast_predict_refuses_text(forecast_run, tmp_path, capsys):
+def test_forecast_predict_refuses_text(forecast_run, tmp_path, capsys, one_error_line):
     (tmp_path / "x.txt").write_text("1 2 3\n")
     assert main(["predict", str(forecast_run[0]), "--input", str(tmp_path / "x.txt")]) == 2
-    assert "must be a .npy or .csv file for a forecasting run" in _one_error_line(capsys)
+    assert "must be a .npy or .csv file for a forecasting run" in one_error_line(capsys)
 
 
 def test_seq2seq_forecasting(tmp_path, monkeypatch):
@@ -437,20 +430,20 @@ def test_ragged_classification_uses_the_mask(tmp_path):
 
 
 @pytest.mark.parametrize("dataset", ["digits", "pydoc-text", "pydoc-wordseg"])
-def test_model_option_is_forecasting_only(dataset, tmp_path, monkeypatch, capsys):
+def test_model_option_is_forecasting_only(dataset, tmp_path, monkeypatch, capsys, one_error_line):
     monkeypatch.chdir(tmp_path)
     assert main(["fit", "--dataset", dataset, "--model", "seq2seq", *TINY]) == 2
     task = {"digits": "classification", "pydoc-text": "language-modeling"}.get(dataset, "tagging")
     assert f"--model seq2seq applies to forecasting datasets, not {dataset} ({task})" in (
-        _one_error_line(capsys)
+        one_error_line(capsys)
     )
     assert list(tmp_path.iterdir()) == []
 
 
-def test_num_train_beyond_a_text_split(tmp_path, capsys):
+def test_num_train_beyond_a_text_split(tmp_path, capsys, one_error_line):
     assert main(["fit", "--dataset", "pydoc-text", "--num-train", "6000", *TINY]) == 2
     assert "--num-train 6000 exceeds the 5795 rows of the pydoc-text training split" in (
-        _one_error_line(capsys)
+        one_error_line(capsys)
     )
 
 

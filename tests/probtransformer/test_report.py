@@ -38,15 +38,6 @@ def run(tmp_path_factory):
     return run_dir, (run_dir / "report.html").read_text(encoding="utf-8"), printed.getvalue()
 
 
-def _one_error_line(capsys) -> str:
-    out, err = capsys.readouterr()
-    assert out == ""
-    lines = err.splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("probtransformer: error: ")
-    return lines[0]
-
-
 def _images(text: str) -> list[bytes]:
     return [base64.b64decode(data, validate=True) for data in IMAGE.findall(text)]
 
@@ -162,7 +153,7 @@ def test_fit_over_a_reported_run_replaces_it(run, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("kind", ["absent", "empty", "file", "no-posterior"])
-def test_report_of_a_non_run_directory(kind, tmp_path, capsys):
+def test_report_of_a_non_run_directory(kind, tmp_path, capsys, one_error_line):
     target = tmp_path / "target"
     if kind == "empty":
         target.mkdir()
@@ -172,7 +163,7 @@ def test_report_of_a_non_run_directory(kind, tmp_path, capsys):
         target.mkdir()
         (target / "metrics.json").write_text("{}")
     assert main(["report", str(target)]) == 2
-    assert "is not a probtransformer run directory" in _one_error_line(capsys)
+    assert "is not a probtransformer run directory" in one_error_line(capsys)
     assert not (target / "report.html").exists()
 
 
@@ -186,18 +177,18 @@ def test_report_of_a_non_run_directory(kind, tmp_path, capsys):
         ('{"dataset": "digits", "seed": 0, "num_train": 100000}', "records num_train 100000"),
     ],
 )
-def test_report_bad_metrics_file(metrics_text, message, run, tmp_path, capsys):
+def test_report_bad_metrics_file(metrics_text, message, run, tmp_path, capsys, one_error_line):
     copy = tmp_path / "run"
     shutil.copytree(run[0] / "posterior", copy / "posterior")
     (copy / "metrics.json").write_text(metrics_text)
     assert main(["report", str(copy)]) == 2
-    assert message in _one_error_line(capsys)
+    assert message in one_error_line(capsys)
     assert not (copy / "report.html").exists()
 
 
-def test_report_bad_arguments(tmp_path, capsys):
+def test_report_bad_arguments(tmp_path, capsys, one_error_line):
     assert main(["report", str(tmp_path), "--num-samples", "0"]) == 2
-    assert "--num-samples" in _one_error_line(capsys)
+    assert "--num-samples" in one_error_line(capsys)
     with pytest.raises(ValueError, match="num_samples must be a positive int"):
         write_report(tmp_path, num_samples=0)
     with pytest.raises(TypeError, match="seed must be an int"):

@@ -12,6 +12,8 @@ import numpy as np
 import torch
 from sklearn.metrics import accuracy_score, brier_score_loss, roc_auc_score
 
+from probtransformer.validation import check_int
+
 ArrayLike = torch.Tensor | np.ndarray
 
 PROB_ATOL = 1e-4  # tolerance on probability rows summing to 1 (float32 softmax drifts ~1e-7)
@@ -100,7 +102,7 @@ def ece(
         TypeError, ValueError: as for `accuracy`, and for a bad `n_bins` or `strategy`.
     """
     p, labels = _check_classification(probs, y)
-    _check_n_bins(n_bins)
+    check_int("n_bins", n_bins, type_error=True)
     confidence, correct = p.max(axis=1), p.argmax(axis=1) == labels
     if strategy == "uniform":
         bins = _uniform_bins(confidence, n_bins)
@@ -131,7 +133,7 @@ def reliability_curve(probs: ArrayLike, y: ArrayLike, *, n_bins: int = 15) -> di
         TypeError, ValueError: as for `ece`.
     """
     p, labels = _check_classification(probs, y)
-    _check_n_bins(n_bins)
+    check_int("n_bins", n_bins, type_error=True)
     confidence, correct = p.max(axis=1), p.argmax(axis=1) == labels
     bins = _uniform_bins(confidence, n_bins)
     count = np.bincount(bins, minlength=n_bins)
@@ -414,13 +416,6 @@ def _check_classification(probs: ArrayLike, y: ArrayLike) -> tuple[np.ndarray, n
         )
     # float32 rows sum to 1 only within ~1e-7; renormalise so scikit-learn sees exact sums
     return p / p.sum(axis=1, keepdims=True), labels.astype(np.int64)
-
-
-def _check_n_bins(n_bins: int) -> None:
-    if not isinstance(n_bins, int) or isinstance(n_bins, bool):
-        raise TypeError(f"n_bins must be an int, got {type(n_bins).__name__}")
-    if n_bins < 1:
-        raise ValueError(f"n_bins must be >= 1, got {n_bins}")
 
 
 def _uniform_bins(confidence: np.ndarray, n_bins: int) -> np.ndarray:

@@ -35,6 +35,7 @@ from probtransformer.tasks import TASKS
 from probtransformer.tasks.classification import RELIABILITY_FILE
 from probtransformer.tasks.forecasting import FORECAST_FILE, PREDICTIONS_FILE
 from probtransformer.tasks.language_modeling import SAMPLES_FILE
+from probtransformer.validation import check_int
 
 #: --model: "auto" (each task's own model) and the variants some tasks offer.
 MODELS = tuple(dict.fromkeys(model for task in TASKS.values() for model in task.models))
@@ -129,10 +130,11 @@ def _int_at_least(minimum: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
             value = int(text)
+            check_int("value", value, minimum=minimum)
         except ValueError:
-            value = minimum - 1
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
+            raise argparse.ArgumentTypeError(
+                f"expected an integer >= {minimum}, got {text!r}"
+            ) from None
         return value
 
     return parse
@@ -140,6 +142,28 @@ def _int_at_least(minimum: int) -> Callable[[str], int]:
 
 _positive_int = _int_at_least(1)
 _non_negative_int = _int_at_least(0)
+
+
+def _run_command(
+    commands: argparse._SubParsersAction,
+    handler: Callable[[argparse.Namespace], int],
+    name: str,
+    *,
+    run_dir_help: str = "run directory written by fit",
+    library_defaults: bool = False,
+    **parser_options,
+) -> argparse.ArgumentParser:
+    """The parser of command ``name``, which reads a run directory: calls ``handler`` and takes
+    the directory as its first argument ``DIR``; with ``library_defaults`` its help shows the
+    defaults of the library function behind each option."""
+    if library_defaults:
+        parser_options["formatter_class"] = functools.partial(
+            _LibraryDefaultsFormatter, sources=(name,)
+        )
+    parser = commands.add_parser(name, **parser_options)
+    parser.set_defaults(handler=handler)
+    parser.add_argument("run_dir", metavar="DIR", help=run_dir_help)
+    return parser
 
 
 def _parts(text: str) -> tuple[str, ...]:
@@ -330,20 +354,22 @@ def build_parser() -> argparse.ArgumentParser:
         "local_window(W, outside=0.01), strength 1)",
     )
 
-    diagnose = commands.add_parser(
+    diagnose = _run_command(
+        commands,
+        diagnose_command.run,
         "diagnose",
         help="print convergence diagnostics and PSIS-LOO of a run",
         description="Reload a run's posterior and its training data (dataset and seed from "
         f"{METRICS_FILE}) and print the aggregated diagnostics table, the verdict and LOO.",
-        formatter_class=functools.partial(_LibraryDefaultsFormatter, sources=("diagnose",)),
+        library_defaults=True,
     )
-    diagnose.set_defaults(handler=diagnose_command.run)
-    diagnose.add_argument("run_dir", metavar="DIR", help="run directory written by fit")
     diagnose.add_argument(
         "--num-samples", type=_positive_int, metavar="S", help="posterior draws to summarise"
     )
 
-    predict = commands.add_parser(
+    predict = _run_command(
+        commands,
+        predict_command.run,
         "predict",
         help="posterior predictive of a run for new sequences, as CSV",
         description="Predict with a run's posterior. Classification and forecasting runs: "
@@ -356,10 +382,8 @@ def build_parser() -> argparse.ArgumentParser:
         "(sequence, step) with the token, the predicted tag (tagging, with its probabilities) "
         "or next token (language model, with its probability), and the entropy split into "
         "aleatoric and epistemic parts (nats).",
-        formatter_class=functools.partial(_LibraryDefaultsFormatter, sources=("predict",)),
+        library_defaults=True,
     )
-    predict.set_defaults(handler=predict_command.run)
-    predict.add_argument("run_dir", metavar="DIR", help="run directory written by fit")
     predict.add_argument(
         "--input",
         required=True,
@@ -370,7 +394,9 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--num-samples", type=_positive_int, metavar="S", help="posterior draws")
     predict.add_argument("--seed", type=int, help="seeds the draws")
 
-    report = commands.add_parser(
+    report = _run_command(
+        commands,
+        report_command.run,
         "report",
         help=f"write a self-contained {REPORT_FILE} into a run directory",
         description=f"Write DIR/{REPORT_FILE}: one HTML file with inline CSS and every figure "
@@ -379,8 +405,6 @@ def build_parser() -> argparse.ArgumentParser:
         "and head), head-importance and diagnostics. The test and training rows are reloaded "
         f"from the dataset and seed in {METRICS_FILE}.",
     )
-    report.set_defaults(handler=report_command.run)
-    report.add_argument("run_dir", metavar="DIR", help="run directory written by fit")
     report.add_argument(
         "--num-samples",
         type=_positive_int,
@@ -389,18 +413,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.add_argument("--seed", type=int, help="seeds the draws (default: the run's seed)")
 
-    generate = commands.add_parser(
+    generate = _run_command(
+        commands,
+        generate_command.run,
         "generate",
+        run_dir_help="run directory of a language model",
         help="generate text from a language-model run, with per-token uncertainty",
         description="Continue --prompt with a language-model run's posterior "
         "(probtransformer.models.generate) and print the prompt and its continuation, then "
         "each generated token's total entropy, aleatoric and epistemic parts in nats (a table, "
         "or a CSV file with --output). Prompt characters outside the vocabulary map to <unk> "
         "with a warning.",
-        formatter_class=functools.partial(_LibraryDefaultsFormatter, sources=("generate",)),
+        library_defaults=True,
     )
-    generate.set_defaults(handler=generate_command.run)
-    generate.add_argument("run_dir", metavar="DIR", help="run directory of a language model")
     generate.add_argument("--prompt", required=True, metavar="TEXT", help="text to continue")
     generate.add_argument("--max-new-tokens", type=int, metavar="N", help="tokens to generate")
     generate.add_argument(

@@ -2,6 +2,7 @@
 
 from probtransformer.inference.baselines import fit_ensemble, fit_map, fit_mc_dropout
 from probtransformer.inference.checkpoint import restore_svi_checkpoint, save_svi_checkpoint
+from probtransformer.inference.loading import load_posterior
 from probtransformer.inference.mcmc import fit_mcmc
 from probtransformer.inference.posterior import Posterior
 from probtransformer.inference.prediction import (
@@ -9,7 +10,7 @@ from probtransformer.inference.prediction import (
     Prediction,
     RegressionPrediction,
 )
-from probtransformer.inference.serialization import FORMAT_VERSION, load_posterior
+from probtransformer.inference.serialization import FORMAT_VERSION
 from probtransformer.inference.svi import NonFiniteELBOError, SVIState, fit_svi, svi_init, svi_step
 
 __all__ = [

@@ -6,7 +6,9 @@ import torch
 
 from probtransformer.datasets import SequenceData
 from probtransformer.inference._arviz import az
-from probtransformer.inference.posterior import check_data
+from probtransformer.inference._runtime import seeded
+from probtransformer.inference.inputs import check_data
+from probtransformer.validation import check_int
 
 
 def _numpy(t: torch.Tensor):
@@ -38,6 +40,7 @@ def to_inference_data(
     attention_obs: int = 4,
     num_samples: int | None = None,
     seed: int = 0,
+    test_prediction=None,
 ) -> az.InferenceData:
     """Export ``posterior`` with ArviZ's group layout.
 
@@ -49,30 +52,40 @@ def to_inference_data(
     ``test``, ``predictions`` (dim ``test_obs``). Sample-based posteriors add their per-draw
     ``sample_stats`` (``record["sample_stats"]``).
 
+    The posterior is drawn once (``posterior.draw(num_samples, seed=seed)``) and every group is
+    computed from those draws. ``test_prediction``, a ``Prediction`` or ``RegressionPrediction``
+    of ``test.x`` made with the same ``num_samples`` and ``seed``, is reused for the
+    ``predictions`` group instead of a second pass over ``test`` (its replicates are drawn from
+    its probabilities, or are its samples).
+
     Raises:
-        ValueError: ``data`` without targets, or ``attention_obs < 0``.
+        ValueError: ``data`` without targets, ``attention_obs < 0``, or a ``test_prediction``
+            without ``test`` or of another number of draws or rows.
     """
     check_data(data)
     if test is not None:
         check_data(test, "test")
     if data.y is None:
         raise ValueError("data.y is None: the log-likelihood needs observed targets")
-    if isinstance(attention_obs, bool) or not isinstance(attention_obs, int) or attention_obs < 0:
-        raise ValueError(f"attention_obs must be an integer >= 0, got {attention_obs!r}")
+    check_int("attention_obs", attention_obs, minimum=0)
+    if test_prediction is not None and test is None:
+        raise ValueError("test_prediction needs test: the test split it was made from")
     posterior._inputs(data.x, data.mask, data.y)  # validate all of data before any slice of it
+    if test is not None:
+        posterior._inputs(test.x, test.mask, test.y)
     model = posterior.model
     site = model.likelihood_site
-    draws = posterior.draws(num_samples, seed=seed)
+    draws = posterior.draw(num_samples, seed=seed)
     dims, coords = site_dims(model)
-    post = {name: _numpy(value) for name, value in draws.items()}
+    post = {name: _numpy(value) for name, value in draws.latents.items()}
     for name, shape in posterior.local_shapes.items():
         dims[name] = ["obs", *(f"{name}.event_{i}" for i in range(len(shape)))]
     if attention_obs and getattr(model, "attention_modules", None):
         rows = data[: min(attention_obs, len(data))]
-        attention = posterior.attention(rows.x, rows.mask, num_samples=num_samples, seed=seed)
+        attention = posterior.attention(rows.x, rows.mask, seed=seed, draws=draws)
         post["attention"] = _numpy(attention.samples)
         dims["attention"] = ["attention_obs", "layer", "head", "query", "key"]
-    ll, replicated = posterior.pointwise(data, num_samples=num_samples, seed=seed)
+    ll, replicated = posterior.pointwise(data, seed=seed, draws=draws)
     dims[site] = ["obs"]
     groups = dict(
         posterior=post,
@@ -80,8 +93,11 @@ def to_inference_data(
         posterior_predictive={site: _numpy(replicated)},
         observed_data={site: _numpy(data.y)},
     )
-    if test is not None:
-        _, predicted = posterior.pointwise(test, num_samples=num_samples, seed=seed)
+    if test_prediction is not None:
+        groups["predictions"] = {site: _numpy(_replicates(test_prediction, draws, test, seed))}
+    elif test is not None:
+        inputs = SequenceData(test.x, None, test.mask)  # the group holds replicates only
+        _, predicted = posterior.pointwise(inputs, seed=seed, draws=draws)
         groups["predictions"] = {site: _numpy(predicted)}
     stats = posterior.sample_stats(num_samples)
     if stats:
@@ -93,3 +109,17 @@ def to_inference_data(
         pred_dims={site: ["test_obs"]},
         attrs={"inference_library": "pyro", "method": posterior.record.get("method", "")},
     )
+
+
+def _replicates(prediction, draws, test: SequenceData, seed: int) -> torch.Tensor:
+    """``(chain, draw, N, ...)`` draws of the targets from a test prediction of ``draws``."""
+    samples = getattr(prediction, "samples", None)
+    if samples is None:  # categorical: one draw of the labels per posterior draw
+        with seeded(seed, torch.device("cpu")):
+            samples = torch.distributions.Categorical(probs=prediction.probs).sample()
+    if samples.shape[:2] != (draws.num, len(test)):
+        raise ValueError(
+            f"test_prediction must hold (S, N)=({draws.num}, {len(test)}) draws of the test "
+            f"rows (the same num_samples and seed), got {tuple(samples.shape[:2])}"
+        )
+    return samples.reshape(draws.chains, draws.per_chain, *samples.shape[1:])

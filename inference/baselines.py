@@ -13,9 +13,12 @@ import time
 import torch
 
 from probtransformer.datasets import SequenceData
+from probtransformer.inference.engine import dropout_modules
 from probtransformer.inference.guides import has_local_latents
-from probtransformer.inference.posterior import Posterior, check_model, dropout_modules
-from probtransformer.inference.svi import _check_positive_int, fit_svi
+from probtransformer.inference.inputs import check_model
+from probtransformer.inference.posterior import Posterior
+from probtransformer.inference.svi import fit_svi
+from probtransformer.validation import check_int
 
 #: ``fit_svi``'s signature without ``guide``: what ``fit_map`` and ``fit_mc_dropout`` accept.
 _MAP_SIGNATURE = inspect.signature(fit_svi).replace(
@@ -32,7 +35,7 @@ def fit_map(model: torch.nn.Module, data: SequenceData, **kwargs) -> Posterior:
     ``seed``: two calls with the same settings give the same numbers on one machine.
 
     Args:
-        model: a ``PyroModule`` following the model protocol (DESIGN.md).
+        model: a ``PyroModule`` following the model protocol (``docs/protocol.md``).
         data: training split; ``data.y`` required.
         **kwargs: every keyword argument of ``fit_svi`` except ``guide`` (``num_steps``,
             ``batch_size``, ``lr``, ``lr_decay``, ``num_particles``, ``init_scale``, ``device``,
@@ -153,7 +156,7 @@ def fit_ensemble(
             settings (``fit_svi``).
         NonFiniteELBOError: a member's objective or gradient became NaN/inf.
     """
-    _check_positive_int("n_members", n_members)
+    check_int("n_members", n_members, type_error=True)
     if has_local_latents(model):
         raise ValueError(
             "fit_ensemble keeps each member's point estimates but not an amortized guide, so the "

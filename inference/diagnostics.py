@@ -28,6 +28,7 @@ def diagnose(
     attention_obs: int = 2,
     seed: int = 0,
     verbose: bool = True,
+    idata: az.InferenceData | None = None,
 ) -> pd.DataFrame:
     """Summarise convergence per variable group and print a verdict.
 
@@ -54,13 +55,22 @@ def diagnose(
         attention_obs: sequences whose posterior attention forms the ``attention`` group.
         seed: seeds the draws.
         verbose: print the verdict (the table is returned; ``format_table`` renders it).
+        idata: ``posterior.to_inference_data(data, num_samples=num_samples, seed=seed)``
+            already made (its ``attention`` is cut to ``attention_obs`` sequences): reused
+            instead of exporting again.
 
     Returns:
         DataFrame indexed by variable with columns ``size``, ``mean_sd``, ``r_hat_max``,
         ``ess_bulk_min``, ``ess_tail_min``; ``attrs["verdict"]`` holds the verdict lines and
         ``attrs["loo"]`` the LOO figures and ``attrs["guide_k_hat"]`` (SVI) with ``data``.
     """
-    if data is not None:
+    if idata is not None:
+        if data is None:
+            raise ValueError("idata needs data: the training data it was exported from")
+        if "attention" in idata.posterior:
+            idata = idata.copy()
+            idata.posterior = idata.posterior.isel(attention_obs=slice(0, attention_obs))
+    elif data is not None:
         idata = posterior.to_inference_data(
             data, attention_obs=attention_obs, num_samples=num_samples, seed=seed
         )

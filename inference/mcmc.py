@@ -37,14 +37,16 @@ from probtransformer.inference._runtime import (
     seeded,
 )
 from probtransformer.inference.guides import has_local_latents
-from probtransformer.inference.model_checks import check_sampled_sites, latent_sites
-from probtransformer.inference.posterior import (
-    Posterior,
+from probtransformer.inference.inputs import (
     check_model,
+    check_training_data,
     example_of,
     rows_digest,
 )
-from probtransformer.inference.svi import _check_data, _check_positive_int, fit_svi
+from probtransformer.inference.model_checks import check_sampled_sites, latent_sites
+from probtransformer.inference.posterior import Posterior
+from probtransformer.inference.svi import fit_svi
+from probtransformer.validation import check_int
 
 #: Kernels accepted by ``fit_mcmc(kernel=...)``.
 KERNELS = ("nuts", "hmc")
@@ -206,7 +208,7 @@ def fit_mcmc(
     saved about a third of the time per gradient on the small classifier.
 
     Args:
-        model: a ``PyroModule`` following the model protocol (DESIGN.md).
+        model: a ``PyroModule`` following the model protocol (``docs/protocol.md``).
         data: training split; ``data.y`` required.
         kernel: ``"nuts"`` or ``"hmc"``.
         num_chains: independent chains (>= 1; R-hat needs >= 2).
@@ -241,12 +243,12 @@ def fit_mcmc(
     """
     check_model(model)
     _refuse_hard_attention(model)
-    _check_data(model, data)
+    check_training_data(model, data)
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-    _check_positive_int("num_chains", num_chains)
-    _check_positive_int("num_samples", num_samples)
-    _check_positive_int("max_tree_depth", max_tree_depth)
+    check_int("num_chains", num_chains, type_error=True)
+    check_int("num_samples", num_samples, type_error=True)
+    check_int("max_tree_depth", max_tree_depth, type_error=True)
     if isinstance(num_warmup, bool) or not isinstance(num_warmup, int) or num_warmup < 0:
         raise ValueError(f"num_warmup must be an integer >= 0, got {num_warmup!r}")
     if isinstance(map_steps, bool) or not isinstance(map_steps, int) or map_steps < 0:

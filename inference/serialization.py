@@ -4,24 +4,17 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
-from probtransformer._io import read_versioned_json, replace_directory
-from probtransformer.datasets import SequenceData
-from probtransformer.inference._runtime import pyro_scope, resolve_device
-from probtransformer.inference.guides import build_guide
-from probtransformer.inference.posterior import Posterior
-from probtransformer.models.registry import check_config, check_registered, model_from_config
+from probtransformer._io import staged_directory
+from probtransformer.models.registry import check_config, check_registered
 
 #: Version of the on-disk layout written by ``save_posterior``.
 FORMAT_VERSION = 1
-_META = "posterior.json"
-_TENSORS = "tensors.pt"
+META_FILE = "posterior.json"
+TENSORS_FILE = "tensors.pt"
 
 
 def _save_target(path: str | os.PathLike) -> Path:
@@ -37,7 +30,7 @@ def _save_target(path: str | os.PathLike) -> Path:
     if target.exists():
         if not target.is_dir():
             raise ValueError(f"cannot save a posterior to {target}: it exists and is a file")
-        others = sorted({p.name for p in target.iterdir()} - {_META, _TENSORS})
+        others = sorted({p.name for p in target.iterdir()} - {META_FILE, TENSORS_FILE})
         if others:
             raise ValueError(
                 f"refusing to replace {target}: it holds files that are not part of a saved "
@@ -46,7 +39,7 @@ def _save_target(path: str | os.PathLike) -> Path:
     return target
 
 
-def save_posterior(posterior: Posterior, path: str | os.PathLike) -> None:
+def save_posterior(posterior, path: str | os.PathLike) -> None:
     """Write ``posterior`` to directory ``path``.
 
     Layout: ``posterior.json`` (format_version, model class path and config, method, guide kind,
@@ -100,84 +93,9 @@ def save_posterior(posterior: Posterior, path: str | os.PathLike) -> None:
     }
     if posterior.members is not None:  # only then: saves of other posteriors keep their layout
         tensors["members"] = {k: v.cpu() for k, v in posterior.members.items()}
-    staging = None
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-        umask = os.umask(0)
-        os.umask(umask)
-        staging.chmod(0o777 & ~umask)  # mkdtemp makes 0700; give the directory the usual mode
-        (staging / _META).write_text(json.dumps(meta, indent=1))
-        torch.save(tensors, staging / _TENSORS)
-        replace_directory(staging, target)
+        with staged_directory(target) as staging:
+            (staging / META_FILE).write_text(json.dumps(meta, indent=1))
+            torch.save(tensors, staging / TENSORS_FILE)
     except OSError as e:
         raise OSError(f"cannot save the posterior to {target}: {e.strerror or e}") from e
-    finally:
-        if staging is not None and staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
-
-
-def load_posterior(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> Posterior:
-    """Load a posterior written by ``Posterior.save``.
-
-    Tensors are read with ``torch.load(weights_only=True)``: no object is ever unpickled. The
-    model is rebuilt by ``probtransformer.models.registry.model_from_config``: only a registered
-    model class is built, and nothing named by the files is imported.
-
-    Args:
-        path: the directory.
-        device: where to place the model (``"auto"`` for CUDA when available).
-
-    Raises:
-        TypeError: ``path`` is not a str or path.
-        FileNotFoundError: ``path`` is not a saved posterior.
-        ValueError: written by a newer format version, its model class is not registered
-            (the message says how to register it), its config does not fit that class, or its
-            files are damaged or do not match each other.
-    """
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
-    path = Path(path)
-    if not (path / _META).is_file() or not (path / _TENSORS).is_file():
-        raise FileNotFoundError(f"{path} is not a saved posterior (no {_META} / {_TENSORS})")
-    device = resolve_device(device)
-    meta = read_versioned_json(path / _META, FORMAT_VERSION)
-    model = model_from_config(meta.get("model_class"), meta.get("config"), source=path)
-    try:
-        tensors = torch.load(path / _TENSORS, map_location="cpu", weights_only=True)
-        model.load_state_dict(tensors["model_state"])
-        model = model.to(device)
-        example = SequenceData(**tensors["example"])
-        guide = None
-        if tensors["guide_state"] is not None:
-            record = meta["record"]
-            guide = build_guide(meta["guide"], model, init_scale=record.get("init_scale", 1e-3))
-            ex = example.to(device)
-            with pyro_scope(), torch.no_grad():
-                guide(ex.x, ex.y, ex.mask)  # creates the parameters, then overwrite them
-            guide.load_state_dict(tensors["guide_state"])
-            guide.to(device)
-        samples = tensors["samples"]
-        if samples is not None:
-            samples = {k: v.to(device) for k, v in samples.items()}
-        members = tensors.get("members")  # absent from saves before ensembles, and non-ensembles
-        if members is not None:
-            members = {k: v.to(device) for k, v in members.items()}
-        return Posterior(
-            model,
-            record=meta["record"],
-            example=example,
-            guide=guide,
-            samples=samples,
-            members=members,
-            mc_dropout=meta.get("mc_dropout", False),
-        )
-    except (RuntimeError, pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError) as e:
-        raise ValueError(
-            f"{path} holds a damaged saved posterior, or its {_META} and {_TENSORS} do not "
-            f"match: {_first_line(e)}"
-        ) from e
-
-
-def _first_line(error: BaseException) -> str:
-    return (str(error).strip().splitlines() or [type(error).__name__])[0]

@@ -37,8 +37,8 @@ from probtransformer.inference.checkpoint import (
 )
 from probtransformer.inference.elbo import MeanFieldELBO, NonFiniteELBOError, non_finite_error
 from probtransformer.inference.guides import GUIDES, build_guide, has_local_latents
-from probtransformer.inference.model_checks import check_model_structure
-from probtransformer.inference.posterior import Posterior, check_data, check_model, example_of
+from probtransformer.inference.inputs import check_model, check_training_data, example_of
+from probtransformer.inference.posterior import Posterior
 from probtransformer.validation import check_int
 
 
@@ -95,21 +95,6 @@ class SVIState:
         return self.data.x.device
 
 
-def _check_positive_int(name: str, value: object) -> None:
-    check_int(name, value, type_error=True)
-
-
-def _check_data(model: torch.nn.Module, data: SequenceData) -> None:
-    check_data(data)
-    if data.y is None:
-        raise ValueError("data.y is None: fitting needs observed targets")
-    if len(data) == 0:
-        raise ValueError("data is empty (N = 0): fitting needs at least one observation")
-    if hasattr(model, "validate"):
-        model.validate(data.x, data.y, data.mask)
-    check_model_structure(model, data)
-
-
 #: The settings ``_check_fit`` checks, in its order.
 _CHECKED_SETTINGS = ("guide", "num_steps", "batch_size", "lr", "lr_decay", "num_particles")
 
@@ -117,7 +102,7 @@ _CHECKED_SETTINGS = ("guide", "num_steps", "batch_size", "lr", "lr_decay", "num_
 def _check_fit(model, data, guide, num_steps, batch_size, lr, lr_decay, num_particles) -> None:
     """The checks of ``svi_init``'s arguments, in the order their errors are reported."""
     check_model(model)
-    _check_data(model, data)
+    check_training_data(model, data)
     if guide not in GUIDES:
         raise ValueError(f"guide must be one of {GUIDES}, got {guide!r}")
     for name, value in (
@@ -125,7 +110,7 @@ def _check_fit(model, data, guide, num_steps, batch_size, lr, lr_decay, num_part
         ("batch_size", batch_size),
         ("num_particles", num_particles),
     ):
-        _check_positive_int(name, value)
+        check_int(name, value, type_error=True)
     if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
         raise ValueError(f"lr must be a finite number > 0, got {lr!r}")
     if not (isinstance(lr_decay, (int, float)) and 0 < lr_decay <= 1):
@@ -341,7 +326,7 @@ def fit_svi(
     ``svi_init`` followed by ``num_steps`` calls of ``svi_step``.
 
     Args:
-        model: a ``PyroModule`` following the model protocol (DESIGN.md).
+        model: a ``PyroModule`` following the model protocol (``docs/protocol.md``).
         data: training split; ``data.y`` required.
         guide: ``"normal"`` | ``"lowrank"`` | ``"mvn"`` | ``"delta"`` (see ``build_guide``).
         num_steps: optimisation steps.
@@ -374,7 +359,7 @@ def fit_svi(
     settings = (guide, num_steps, batch_size, lr, lr_decay, num_particles)
     _check_fit(model, data, *settings)
     if checkpoint_every is not None:
-        _check_positive_int("checkpoint_every", checkpoint_every)
+        check_int("checkpoint_every", checkpoint_every, type_error=True)
         if checkpoint_dir is None:
             raise ValueError("checkpoint_every needs checkpoint_dir: where to write checkpoints")
     for name, value in (("checkpoint_dir", checkpoint_dir), ("resume_from", resume_from)):

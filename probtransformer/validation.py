@@ -13,7 +13,6 @@ from numbers import Integral
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import torch
 
 __all__ = [
@@ -70,18 +69,33 @@ def is_int(value: Any) -> bool:
     return isinstance(value, Integral) and not isinstance(value, bool)
 
 
-def as_tensor(value: Any, name: str) -> torch.Tensor:
-    """Convert a tensor, numpy array or pandas object: floats -> float32, ints -> int64."""
-    if isinstance(value, pd.DataFrame | pd.Series):
+def as_tensor(value: Any, name: str, *, normalize: bool = False) -> torch.Tensor:
+    """The one conversion of user arrays to tensors.
+
+    A numpy array or pandas object becomes a tensor (copied where its memory is read-only or
+    strided), numpy float64 becoming float32; a tensor is returned as it is. With ``normalize``
+    (dataset construction), every float becomes float32 and every integer int64; without it,
+    other dtypes are left for the model's own checks to name.
+
+    Args:
+        value: a ``torch.Tensor``, ``numpy.ndarray``, or pandas object (``to_numpy``).
+        name: the argument's name, for messages.
+
+    Raises:
+        TypeError: not an array or tensor, a numpy array of non-numbers, or complex values.
+        ValueError: a tensor on PyTorch's ``meta`` device (shapes without values).
+    """
+    if hasattr(value, "to_numpy"):
         value = value.to_numpy()
     if isinstance(value, np.ndarray):
         if value.dtype.kind not in "biuf":
             raise TypeError(f"{name} must hold numbers or bools, got numpy dtype {value.dtype}")
-        # a copy where numpy's memory is read-only (pandas) or strided
+        if value.dtype == np.float64:
+            value = value.astype(np.float32)
         value = torch.from_numpy(np.require(value, requirements=["C", "W"]))
     if not isinstance(value, torch.Tensor):
         raise TypeError(
-            f"{name} must be a torch.Tensor, numpy array or pandas DataFrame, "
+            f"{name} must be a torch.Tensor or numpy array (or a pandas object), "
             f"got {type(value).__name__}"
         )
     if value.device.type == "meta":
@@ -91,11 +105,9 @@ def as_tensor(value: Any, name: str) -> torch.Tensor:
         )
     if value.is_complex():
         raise TypeError(f"{name} must be real, got {value.dtype}")
-    if value.is_floating_point():
-        return value.to(torch.float32)
-    if value.dtype == torch.bool:
+    if not normalize or value.dtype == torch.bool:
         return value
-    return value.to(torch.int64)
+    return value.to(torch.float32 if value.is_floating_point() else torch.int64)
 
 
 def check_finite(t: torch.Tensor, name: str) -> None:

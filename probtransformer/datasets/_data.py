@@ -36,7 +36,7 @@ class SequenceData:
     mask: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
-        self.x = as_tensor(self.x, "x")
+        self.x = as_tensor(self.x, "x", normalize=True)
         if self.x.dtype == torch.bool:
             raise TypeError("x must be float features or int64 token ids, got dtype torch.bool")
         if self.x.ndim not in (2, 3):
@@ -50,7 +50,7 @@ class SequenceData:
         check_finite(self.x, "x")
         n = self.x.shape[0]
         if self.y is not None:
-            self.y = as_tensor(self.y, "y")
+            self.y = as_tensor(self.y, "y", normalize=True)
             if self.y.ndim == 0 or self.y.shape[0] != n:
                 raise ValueError(
                     f"y must have first dim N={n} (same as x), got shape {tuple(self.y.shape)}"
@@ -59,7 +59,7 @@ class SequenceData:
                 raise TypeError("y must be int64 classes or float values, got dtype torch.bool")
             check_finite(self.y, "y")
         if self.mask is not None:
-            self.mask = as_tensor(self.mask, "mask")
+            self.mask = as_tensor(self.mask, "mask", normalize=True)
             if self.mask.dtype != torch.bool:
                 raise TypeError(f"mask must have dtype torch.bool, got {self.mask.dtype}")
             t = self.x.shape[1]

@@ -20,6 +20,7 @@ from probtransformer.inference import (
     load_posterior,
 )
 from probtransformer.inference._arviz import az
+from probtransformer.inference.engine import PredictionEngine
 from probtransformer.models import SequenceClassifier
 
 FIT = dict(num_steps=60, batch_size=48, lr=1e-2, progress=False)
@@ -110,9 +111,8 @@ def test_mc_dropout_restores_eval_mode_on_errors(mc, x):
         assert all(m.training for m in dropouts(mc))  # dropout on during the pass
         raise RuntimeError("boom")
 
-    draws = {k: v.flatten(0, 1) for k, v in mc.draws(3).items()}
     with pytest.raises(RuntimeError, match="boom"):
-        mc._run(draws, x, None, None, boom, 8)
+        PredictionEngine(mc.model).run(mc.draw(3), x, None, None, boom, seed=0, batch_size=8)
     assert all(not m.training for m in dropouts(mc))
 
 

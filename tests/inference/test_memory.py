@@ -3,21 +3,25 @@
 import pytest
 import torch
 
-from probtransformer.inference.posterior import DEFAULT_MEMORY_BUDGET, Posterior, activation_bytes
+from probtransformer.inference.engine import (
+    DEFAULT_MEMORY_BUDGET,
+    PredictionEngine,
+    activation_bytes,
+)
 
 
 @pytest.fixture
 def passes(monkeypatch):
     """Record (draws, rows per pass) of every call of the vectorized runner."""
     seen = []
-    run = Posterior._run_vectorized
+    run = PredictionEngine._run_vectorized
 
     def recording(self, flat_draws, x, *args):
         num = next(iter(flat_draws.values())).shape[0] if flat_draws else 1
         seen.append((num, min(x.shape[0], args[-1])))
         return run(self, flat_draws, x, *args)
 
-    monkeypatch.setattr(Posterior, "_run_vectorized", recording)
+    monkeypatch.setattr(PredictionEngine, "_run_vectorized", recording)
     return seen
 
 

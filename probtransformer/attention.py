@@ -111,7 +111,8 @@ class BayesMultiheadAttention(PyroModule):
     The Q, K, V and O projections (weights and biases) form **one** latent site, ``projection``,
     of shape ``(4, d_model, d_model + 1)`` — row block ``[q, k, v, o]``, last column the bias —
     with prior ``weight_prior`` (default ``Normal(1, fan_in=True)``, i.e. N(0, 1/d_model)).
-    One site instead of eight keeps Pyro's per-site cost low (see ``benchmarks/svi_overhead.py``).
+    One site instead of eight keeps Pyro's per-site cost low (see
+    ``benchmarks/studies/svi_overhead.py``).
 
     Priors on the attention logits ``s = q·k / sqrt(d_head)`` (``attention_prior``, any of):
 

@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> None:
     import torch
 
     from probtransformer import datasets
+    from probtransformer.inference.inputs import check_inputs
 
     splits = datasets.load(args.dataset, seed=args.seed)
     meta = splits.meta
@@ -68,6 +69,8 @@ def run(args: argparse.Namespace) -> None:
         seconds = time.perf_counter() - start
 
         draws = given(num_samples=_prediction_draws(post, args.num_samples), seed=args.seed)
+        test = splits.test  # validated once, with its targets: later passes reuse the check
+        check_inputs(post.model, test.x, test.y, test.mask)
         evaluation = task.evaluate(post, splits, draws)
         record = dict(
             **evaluation.metrics,

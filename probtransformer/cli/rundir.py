@@ -176,10 +176,12 @@ def write_run(target: Path, post, splits, record: dict, draws: dict, task, evalu
         with staged_directory(target) as staging:
             test, train = splits.test, splits.train
             rows = task.inference_data_rows
+            reused = evaluation.prediction  # the test predictions of the metrics, whole split
             if rows is not None:
                 train, test = train[:rows], test[:rows]
                 record["inference_data_rows"] = {"train": len(train), "test": len(test)}
-            idata = post.to_inference_data(train, test=test, **draws)
+                reused = None
+            idata = post.to_inference_data(train, test=test, test_prediction=reused, **draws)
             idata.to_netcdf(str(staging / INFERENCE_DATA_FILE))
             post.save(staging / POSTERIOR_DIR)
             first = test[:1]
@@ -187,13 +189,13 @@ def write_run(target: Path, post, splits, record: dict, draws: dict, task, evalu
             title = f"posterior attention, {record['dataset']} test example 0{evaluation.label}"
             plots.save_figure(attention.plot(0, title=title), staging / ATTENTION_FILE)
             evaluation.write(staging, record)
-            write_diagnostics(staging / DIAGNOSTICS_FILE, post, train)
+            write_diagnostics(staging / DIAGNOSTICS_FILE, post, train, draws, idata)
             (staging / METRICS_FILE).write_text(json.dumps(record, indent=1) + "\n")
     except OSError as e:
         raise CLIError(f"cannot write --out {target}: {e.strerror or e}") from e
 
 
-def write_diagnostics(path: Path, post, train) -> None:
+def write_diagnostics(path: Path, post, train, draws: dict, idata=None) -> None:
     """Write ``Posterior.diagnose(train)`` to ``path`` as JSON.
 
     The object holds ``format_version``, ``seed``, ``num_train`` (the training rows of the
@@ -201,9 +203,12 @@ def write_diagnostics(path: Path, post, train) -> None:
     ``mean_sd``, ``r_hat_max``, ``ess_bulk_min``, ``ess_tail_min``; null where not defined),
     ``verdict`` (the printed lines), ``warnings`` (the lines flagged WARN), ``ok`` (no such
     line), ``loo`` (PSIS-LOO figures, or null) and ``guide_k_hat`` (SVI, or null): the table
-    and verdict ``probtransformer diagnose`` prints for the run.
+    and verdict ``probtransformer diagnose`` prints for the run. ``idata``, exported from the
+    fit's ``draws`` (``num_samples``, ``seed``), is reused when those are diagnose's defaults.
     """
-    table = post.diagnose(train, verbose=False, seed=DIAGNOSTICS_SEED)
+    if not _diagnose_defaults(post, draws):
+        idata = None  # exported from other draws than diagnose's: export anew
+    table = post.diagnose(train, verbose=False, seed=DIAGNOSTICS_SEED, idata=idata)
     verdict = list(table.attrs.get("verdict", []))
     warnings = [line for line in verdict if line.startswith("WARN")]
     rows = [
@@ -223,6 +228,18 @@ def write_diagnostics(path: Path, post, train) -> None:
         guide_k_hat=_json_number(table.attrs.get("guide_k_hat")),
     )
     path.write_text(json.dumps(diagnostics, indent=1, allow_nan=False) + "\n")
+
+
+def _diagnose_defaults(post, draws: dict) -> bool:
+    """True when ``draws`` are the draws ``Posterior.diagnose`` takes by default: seed
+    ``DIAGNOSTICS_SEED`` and every kept draw (sample-based) or ``DEFAULT_NUM_SAMPLES`` (SVI)."""
+    from probtransformer.inference.draws import DEFAULT_NUM_SAMPLES
+
+    every = DEFAULT_NUM_SAMPLES
+    if post.samples is not None:
+        every = math.prod(next(iter(post.samples.values())).shape[:2])
+    num = draws.get("num_samples")
+    return draws.get("seed", 0) == DIAGNOSTICS_SEED and num in (None, every)
 
 
 def _json_number(value: Any) -> Any:

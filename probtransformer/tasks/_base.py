@@ -36,6 +36,9 @@ class Evaluation:
             run directory being staged, from the predictions already made.
         label: appended to the title of the attention figure of test example 0.
         lines: printed after the metrics.
+        prediction: the ``Posterior.predict`` of the whole test split the metrics came from,
+            reused for the ``predictions`` group of ``inference_data.nc``; None when the task
+            predicts the test split in pieces (token-level tasks).
     """
 
     metrics: dict[str, Any]
@@ -44,6 +47,7 @@ class Evaluation:
     write: Callable[[Path, dict], None]
     label: str = ""
     lines: list[str] = dataclasses.field(default_factory=list)
+    prediction: Any = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -85,7 +85,7 @@ class ClassificationTask(FeatureTask):
             write_reliability(staging, probs, test.y, title)
 
         label = f" (label {int(test.y[0])})"
-        return Evaluation(values, {}, pred.probs.shape[0], write, label)
+        return Evaluation(values, {}, pred.probs.shape[0], write, label, prediction=pred)
 
     def report(self, context: ReportContext) -> tuple[dict[str, str], int | str]:
         """Reliability and risk-coverage of the test predictions, drawn again with the run's

@@ -102,7 +102,7 @@ class ForecastingTask(FeatureTask):
             plots.save_figure(figure, staging / FORECAST_FILE)
 
         sizes = dict(horizon=splits.meta.get("horizon"), num_test_forecasts=int(test.y.numel()))
-        return Evaluation(values, sizes, pred.samples.shape[0], write)
+        return Evaluation(values, sizes, pred.samples.shape[0], write, prediction=pred)
 
     def report(self, context: ReportContext) -> tuple[dict[str, str], int | str]:
         """The fan chart and the interval coverage per step, drawn again."""

@@ -1,7 +1,7 @@
 """SVI step time against a deterministic step of the same network, by model width and length.
 
 For each ``d_model`` in {32, 64, 128} and sequence length ``T`` in {8, 32, 128} (row keys
-``d64-T32``), the contenders of ``benchmarks.svi_overhead.build_contenders`` train on one
+``d64-T32``), the contenders of ``benchmarks.studies.svi_overhead.build_contenders`` train on one
 mini-batch of 128 sequences of 8 features (the digits training split at ``T = 8``, seeded
 random sequences otherwise; see ``make_batch``; seed 0 as in ``svi_overhead``, ``ctx.seed`` is
 not used), all in one process (``svi_overhead``'s docstring has the details):
@@ -47,7 +47,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from benchmarks._suite import Context, budgeted_steps, fmt
-from benchmarks.svi_overhead import (
+from benchmarks.studies.svi_overhead import (
     SEED,
     build_contenders,
     make_batch,
@@ -297,7 +297,7 @@ def markdown(rows: dict[str, dict], ctx: Context) -> str:
     out = [
         f"SVI step time / deterministic step time of the same `SequenceClassifier` "
         f"(batch {BATCH_SIZE}, 8 features, 4 heads, 2 layers, d_ff = 2 d_model; "
-        f"`benchmarks/speed.py`, timing from `benchmarks/svi_overhead.py`). "
+        f"`benchmarks/speed.py`, timing from `benchmarks/studies/svi_overhead.py`). "
         f"Median over rounds of the per-round ratio of wall ms/step.",
         "",
     ]

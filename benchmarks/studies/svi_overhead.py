@@ -35,9 +35,9 @@ figure would measure the neighbours rather than the code.
 
 Usage::
 
-    python -m benchmarks.svi_overhead                          # digits size (DESIGN.md)
-    python -m benchmarks.svi_overhead --d-model 64 --seq-len 32
-    python -m benchmarks.svi_overhead --profile
+    python -m benchmarks.studies.svi_overhead                          # digits size (DESIGN.md)
+    python -m benchmarks.studies.svi_overhead --d-model 64 --seq-len 32
+    python -m benchmarks.studies.svi_overhead --profile
 
 The last line printed is ``ratio <svi ms/step / deterministic ms/step>``; figures and findings
 are kept in ``benchmarks/BENCHMARKS.md``.
@@ -437,7 +437,7 @@ def profile_step(d_model: int, seq_len: int, batch: Batch, device: torch.device)
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.svi_overhead",
+        prog="python -m benchmarks.studies.svi_overhead",
         description="Time an SVI step against a deterministic step of the same architecture.",
     )
     parser.add_argument("--d-model", type=int, default=64, help="model width (d_ff = 2 d_model)")

@@ -56,6 +56,12 @@ def module_sample_attributes(module: torch.nn.Module) -> Iterator[str]:
     yield from getattr(module, "_pyro_samples", {})
 
 
+def module_site_name(module: torch.nn.Module, attribute: str) -> str:
+    """The full sample-site name of ``module``'s ``PyroSample`` attribute ``attribute`` (its
+    path in the model, e.g. ``"encoder.layers.0.attention.head_local_scale"``)."""
+    return module._pyro_get_fullname(attribute)
+
+
 class MomentumHook:
     """Mixin for Pyro's ``HMC``/``NUTS``: calls ``self.on_momentum(r_unscaled)`` (the class
     using it defines that method) once per transition, right after the momentum refresh (Pyro's
@@ -199,6 +205,7 @@ __all__ = [
     "kinetic_energy",
     "mean_accept_prob",
     "module_sample_attributes",
+    "module_site_name",
     "num_divergences",
     "num_transitions",
     "num_warmup_transitions",

@@ -9,6 +9,7 @@ import pandas as pd
 import torch
 
 from probtransformer import priors
+from probtransformer.inference._pyro_compat import module_site_name
 
 
 def _gated_modules(posterior) -> list[tuple[str, int, torch.nn.Module]]:
@@ -56,8 +57,8 @@ def head_importance(
     draws = posterior.draws(num_samples, seed=seed)
     rows = []
     for kind, layer, module in modules:
-        tau = draws[module._pyro_get_fullname("head_global_scale")].flatten(0, 1)  # (S,)
-        lam = draws[module._pyro_get_fullname("head_local_scale")].flatten(0, 1)  # (S, H)
+        tau = draws[module_site_name(module, "head_global_scale")].flatten(0, 1)  # (S,)
+        lam = draws[module_site_name(module, "head_local_scale")].flatten(0, 1)  # (S, H)
         gate = priors.HeadGatePrior.gate(tau, lam).double().cpu()  # (S, H)
         q = torch.tensor([(1 - prob) / 2, (1 + prob) / 2], dtype=gate.dtype)
         lower, upper = torch.quantile(gate, q, dim=0)

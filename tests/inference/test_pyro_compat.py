@@ -74,9 +74,18 @@ def test_pyro_samples_lists_a_modules_own_sample_attributes():
             self.weight = PyroSample(dist.Normal(0.0, 1.0))
             self.child.bias = PyroSample(dist.Normal(0.0, 1.0))
 
+        def forward(self):
+            return self.weight, self.child.bias
+
     module = Module()
     assert list(compat.module_sample_attributes(module)) == ["weight"], RECHECK
     assert list(compat.module_sample_attributes(module.child)) == ["bias"], RECHECK
+    trace = poutine.trace(module).get_trace()
+    names = {
+        compat.module_site_name(module, "weight"),
+        compat.module_site_name(module.child, "bias"),
+    }
+    assert names == {"weight", "child.bias"} <= set(trace.nodes), RECHECK  # after a run
 
 
 @pytest.mark.parametrize("kernel_class", [HMC, NUTS])

@@ -84,8 +84,12 @@ def check_compatible(meta: dict, expected: dict, path: str | os.PathLike) -> Non
         ValueError: naming the first field that differs, with both values.
     """
     for key, value in expected.items():
-        saved = meta.get(key)
-        if json.loads(json.dumps(value)) != saved:
+        saved, value = meta.get(key), json.loads(json.dumps(value))
+        if value != saved:
+            if isinstance(value, dict) and isinstance(saved, dict):  # name the entries
+                names = sorted(k for k in set(value) | set(saved) if value.get(k) != saved.get(k))
+                saved = {k: saved.get(k) for k in names}
+                value = {k: value.get(k) for k in names}
             raise ValueError(
                 f"cannot resume from {path}: its {key} is {saved!r} but this fit has {value!r}; "
                 "resume with the same model, data and settings (num_steps included)"

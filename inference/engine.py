@@ -167,6 +167,15 @@ class PredictionEngine:
                         f"the model's outputs are not finite for input rows {rows.start} to "
                         f"{min(rows.stop, x.shape[0]) - 1}: are the inputs scaled as in training?"
                     ) from e
+                except RuntimeError as e:
+                    if isinstance(e, torch.OutOfMemoryError):
+                        raise
+                    raise ValueError(
+                        f"the model fails on inputs of shape {tuple(args[0].shape)} under {num} "
+                        f"vectorized posterior draws ({str(e).splitlines()[0]}): give inputs "
+                        "shaped as the training data; a model of your own must let each latent "
+                        "(draws, 1, *shape) broadcast from the right (docs/protocol.md)"
+                    ) from e
                 check_draw_batch_shape(site, trace.nodes[site]["fn"], num, args[0].shape[0])
                 for key, value in read(trace).items():
                     pieces.setdefault(key, []).append(value.cpu())

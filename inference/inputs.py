@@ -259,5 +259,5 @@ def _warn_out_of_range(x: torch.Tensor, x_range: list[float] | None) -> None:
             f"x spans [{got_low:.4g}, {got_high:.4g}] but the training features spanned "
             f"[{low:.4g}, {high:.4g}]: check that the inputs are preprocessed as in training",
             UserWarning,
-            stacklevel=4,
+            stacklevel=5,  # as_inputs <- Posterior._inputs <- predict <- the caller
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import warnings
 from pathlib import Path
 
 import torch
@@ -39,14 +40,18 @@ def load_posterior(path: str | os.PathLike, *, device: str | torch.device = "cpu
         raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
     path = Path(path)
     if not (path / META_FILE).is_file() or not (path / TENSORS_FILE).is_file():
+        hint = ""
+        if (path / "posterior" / META_FILE).is_file():
+            hint = f": it holds one, load {path / 'posterior'}"
         raise FileNotFoundError(
-            f"{path} is not a saved posterior (no {META_FILE} / {TENSORS_FILE})"
+            f"{path} is not a saved posterior (no {META_FILE} / {TENSORS_FILE}){hint}"
         )
     device = resolve_device(device)
     meta = read_versioned_json(path / META_FILE, FORMAT_VERSION)
+    tensors = _read_tensors(path / TENSORS_FILE)
+    _check_shapes(meta, tensors, path)  # before the model is built: a config cannot allocate
     model = model_from_config(meta.get("model_class"), meta.get("config"), source=path)
     try:
-        tensors = torch.load(path / TENSORS_FILE, map_location="cpu", weights_only=True)
         model.load_state_dict(tensors["model_state"])
         model = model.to(device)
         example = SequenceData(**tensors["example"])
@@ -59,6 +64,13 @@ def load_posterior(path: str | os.PathLike, *, device: str | torch.device = "cpu
                 guide(ex.x, ex.y, ex.mask)  # creates the parameters, then overwrite them
             guide.load_state_dict(tensors["guide_state"])
             guide.to(device)
+        x_range = meta["record"].get("x_range")
+        if x_range is not None and not (
+            isinstance(x_range, list)
+            and len(x_range) == 2
+            and all(isinstance(v, int | float) and not isinstance(v, bool) for v in x_range)
+        ):
+            raise ValueError(f"record.x_range must be [low, high], got {x_range!r}")
         samples = tensors["samples"]
         if samples is not None:
             samples = {k: v.to(device) for k, v in samples.items()}
@@ -83,3 +95,50 @@ def load_posterior(path: str | os.PathLike, *, device: str | torch.device = "cpu
 
 def _first_line(error: BaseException) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+def _read_tensors(path: Path) -> dict:
+    """``torch.load(weights_only=True)`` of ``path``: tensors and plain containers only.
+
+    Raises:
+        ValueError: the file holds pickled objects, or is not a torch file at all.
+    """
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's advice to unpickle is not for strangers
+            tensors = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise ValueError(
+            f"{path} holds pickled objects, not only tensors: refused (a saved posterior is "
+            "tensors; loading never unpickles objects)"
+        ) from e
+    except (RuntimeError, EOFError, OSError) as e:
+        raise ValueError(f"{path} is not a saved posterior's tensors: {_first_line(e)}") from e
+    if not isinstance(tensors, dict) or not isinstance(tensors.get("model_state"), dict):
+        raise ValueError(f"{path} is not a saved posterior's tensors (no model_state)")
+    return tensors
+
+
+def _check_shapes(meta: dict, tensors: dict, path: Path) -> None:
+    """Build the model on PyTorch's ``meta`` device (shapes, no memory) and compare its
+    parameter shapes with the saved ones, so a config that asks for huge sizes is refused
+    before anything is allocated. Models whose construction needs values (e.g. a guidance prior
+    checked with ``.item()``) cannot be built on ``meta``; their shapes are checked by
+    ``load_state_dict`` after the build.
+
+    Raises:
+        ValueError: the config's shapes differ from the saved tensors' (naming the first).
+    """
+    try:
+        with torch.device("meta"):
+            skeleton = model_from_config(meta.get("model_class"), meta.get("config"), source=path)
+    except (RuntimeError, NotImplementedError, TypeError, ValueError):
+        return  # not buildable on meta, or not at all: the real build below says why
+    expected = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
+    saved = {k: tuple(v.shape) for k, v in tensors["model_state"].items()}
+    if expected != saved:
+        key = next(k for k in sorted(set(expected) | set(saved)) if expected.get(k) != saved.get(k))
+        raise ValueError(
+            f"{path}: its {META_FILE} config does not match its {TENSORS_FILE}: {key!r} would "
+            f"have shape {expected.get(key)} but the saved tensor has {saved.get(key)}"
+        )

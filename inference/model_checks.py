@@ -26,6 +26,7 @@ See the Pyro tensor-shape tutorial (https://pyro.ai/examples/tensor_shapes.html)
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import pyro
@@ -282,7 +283,7 @@ def _probe_vectorized_draws(model, rows, trace, event_shape) -> None:
     it can still be fitted; the warning says that its predictions will fail.
     """
     name = model.likelihood_site
-    with pyro_scope(), torch.no_grad(), seeded(1, rows.x.device):
+    with pyro_scope(), torch.no_grad(), seeded(1, rows.x.device), _eval_mode(model):
         try:
             second = poutine.trace(model).get_trace(rows.x, rows.y, rows.mask)
             condition = {}
@@ -308,4 +309,43 @@ def _probe_vectorized_draws(model, rows, trace, event_shape) -> None:
                 stacklevel=5,  # the caller of fit_svi / fit_mcmc
             )
             return
-    check_draw_batch_shape(name, probe.nodes[name]["fn"], PROBE_DRAWS, len(rows), event_shape)
+        check_draw_batch_shape(name, probe.nodes[name]["fn"], PROBE_DRAWS, len(rows), event_shape)
+        if not any(_is_latent(s, name) and in_data_plate(s) for s in probe.nodes.values()):
+            _check_draws_followed(model, rows, condition, probe.nodes[name]["fn"])
+
+
+def _check_draws_followed(model, rows, condition: dict, vectorized) -> None:
+    """The likelihood of ``PROBE_DRAWS`` vectorized draws must equal each draw's own: a forward
+    pass that sums, averages or drops the draw dim (``einsum("...p,np->n", w, x)``,
+    ``.mean(0)``) has the right shape but mixes the draws, so every prediction is wrong."""
+    name = model.likelihood_site
+    single = torch.stack(
+        [
+            poutine.trace(poutine.condition(model, data={k: v[i, 0] for k, v in condition.items()}))
+            .get_trace(rows.x, rows.y, rows.mask)
+            .nodes[name]["fn"]
+            .log_prob(rows.y)
+            for i in range(PROBE_DRAWS)
+        ]
+    )  # (K, N): one pass per draw
+    together = vectorized.log_prob(rows.y).expand_as(single)
+    if not torch.allclose(together, single, rtol=1e-4, atol=1e-4):
+        raise ValueError(
+            f"the observed site {name!r} does not follow each posterior draw: under "
+            f"{PROBE_DRAWS} vectorized draws its log-likelihood is {together.tolist()}, but run "
+            f"one draw at a time it is {single.tolist()}. The forward pass mixes the draw dim "
+            "(a sum or mean over it, an einsum that drops it, a reshape across it): each latent "
+            "arrives as (draws, 1, *shape); keep the leading dims and broadcast from the right, "
+            "e.g. `(x * w).sum(-1)` for a (P,) weight (docs/protocol.md)"
+        )
+
+
+@contextlib.contextmanager
+def _eval_mode(model: torch.nn.Module):
+    """The model in eval mode for the block (dropout off: draws must be comparable)."""
+    training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(training)

@@ -36,9 +36,9 @@ def test_local_latents_are_kept_with_their_obs_dim():
         torch.tensor([28.0, 8.0, -3.0, 7.0, -1.0, 1.0, 18.0, 12.0]),
     )
     post = fit_mcmc(
-        _namespace()["EightSchools"](), data, num_chains=1, num_warmup=60, num_samples=40,
+        _namespace()["EightSchools"](), data, num_chains=1, num_warmup=20, num_samples=10,
         progress=False,
     )  # fmt: skip
-    assert post.samples["theta"].shape == (1, 40, 8)
+    assert post.samples["theta"].shape == (1, 10, 8)
     idata = post.to_inference_data(data, attention_obs=0)
     assert idata.posterior["theta"].dims == ("chain", "draw", "obs")

@@ -14,6 +14,7 @@ import pytest
 
 import probtransformer.datasets
 import probtransformer.inference
+from probtransformer.inference import Posterior
 
 README = Path(__file__).parents[1] / "README.md"
 
@@ -67,6 +68,11 @@ def test_every_python_example_runs(tmp_path, monkeypatch):
         )
     monkeypatch.setattr(
         probtransformer.datasets, "load", _small_load(probtransformer.datasets.load)
+    )
+    # the attention of one training sequence, not four: az.summary over it is the slow part
+    export = Posterior.to_inference_data
+    monkeypatch.setattr(
+        Posterior, "to_inference_data", lambda *a, **k: export(*a, **{"attention_obs": 1, **k})
     )
     namespace: dict = {}
     for i, block in enumerate(python_blocks(README.read_text())):

@@ -30,7 +30,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FloatingPointError as e:  # NonFiniteELBOError: the fit diverged
         return _fail(e, 1)
     except KeyboardInterrupt as e:
-        return _fail(KeyboardInterrupt(str(e) or "interrupted; nothing was written"), 130)
+        message = str(e).replace("(resume_from=...)", "(continue with --resume-from it)")
+        return _fail(KeyboardInterrupt(message or "interrupted; nothing was written"), 130)
     return 0
 
 

@@ -186,3 +186,34 @@ def test_the_prediction_engine_refuses_a_wrong_likelihood_shape_too(data):
 def test_a_model_that_cannot_run_under_vectorized_draws_is_fitted_with_a_warning(data):
     with pytest.warns(UserWarning, match="Regression fails under 2 vectorized posterior draws"):
         fit_svi(Regression(), data, **QUICK)  # `x @ w` with w (2, 1, 2): a torch shape error
+
+
+class SumsOverDraws(Regression):
+    """``einsum("...p,np->n")``: right for one draw, but sums the (K, 1, P) draws into one."""
+
+    def forward(self, x, y=None, mask=None, *, num_data=None):
+        w = self.w
+        with pyro.plate("data", num_data or len(x), subsample=torch.arange(len(x))):
+            return pyro.sample("y", dist.Normal(torch.einsum("...p,np->n", w, x), 1.0), obs=y)
+
+
+class AveragesOverDraws(Regression):
+    """``.mean(0)`` over a leading dim that is the draw dim under vectorized draws."""
+
+    def forward(self, x, y=None, mask=None, *, num_data=None):
+        w = self.w
+        loc = (x * w).sum(-1)
+        loc = loc.mean(0) if loc.dim() > 1 else loc
+        with pyro.plate("data", num_data or len(x), subsample=torch.arange(len(x))):
+            return pyro.sample("y", dist.Normal(loc, 1.0), obs=y)
+
+
+@pytest.mark.parametrize("model", [SumsOverDraws, AveragesOverDraws])
+def test_a_forward_pass_that_mixes_the_draws_is_refused_before_any_step(data, model):
+    """The right shape, the wrong numbers: every prediction would mix the posterior draws."""
+    words = r"'y' does not follow each posterior draw.*\(x \* w\)\.sum"
+    with mock.patch.object(MCMC, "run", side_effect=AssertionError("sampling started")):
+        with pytest.raises(ValueError, match=words):
+            fit_mcmc(model(), data, num_chains=1, num_samples=5, progress=False)
+    with pytest.raises(ValueError, match=words):
+        fit_svi(model(), data, **QUICK)

@@ -248,3 +248,40 @@ def test_entry_points_are_read_only_for_unknown_names(monkeypatch):
         with pytest.warns(UserWarning, match="skipped the entry point"):
             model_from_config("user_package.Missing", {})
     assert groups == [ENTRY_POINT_GROUP] * 2
+
+
+class _Touch:
+    """A pickled object whose unpickling would create ``path``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.touch, (self.path,))
+
+
+def test_a_tensors_file_holding_pickled_objects_is_refused_unread(tmp_path):
+    marker = tmp_path / "pwned"
+    run = _crafted_run(tmp_path, LINEAR, {"in_features": 3})
+    torch.save({"model_state": {}, "payload": _Touch(marker)}, run / "posterior" / "tensors.pt")
+    with pytest.raises(ValueError, match="holds pickled objects, not only tensors: refused"):
+        load_posterior(run / "posterior")
+    assert not marker.exists()
+
+
+def test_a_config_that_does_not_match_the_tensors_is_refused_before_building(tmp_path):
+    """The classifier of the fixture run, with a d_model a million times larger in its config:
+    compared on the meta device (no memory), refused before the real model is built."""
+    run = _crafted_run(tmp_path, "probtransformer.models.classifier.SequenceClassifier", {})
+    meta_path = run / "posterior" / "posterior.json"
+    saved = json.loads((FIXTURE_RUN / "posterior" / "posterior.json").read_text())
+    meta = json.loads(meta_path.read_text())
+    meta["config"] = {**saved["config"], "d_model": 8_000_000}
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=r"config does not match its tensors.pt: .* shape"):
+        load_posterior(run / "posterior")
+
+
+def test_a_run_directory_given_for_its_posterior_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"it holds one, load .*run/posterior"):
+        load_posterior(FIXTURE_RUN)

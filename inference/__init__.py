@@ -2,6 +2,7 @@
 
 from probtransformer.inference.baselines import fit_ensemble, fit_map, fit_mc_dropout
 from probtransformer.inference.checkpoint import restore_svi_checkpoint, save_svi_checkpoint
+from probtransformer.inference.draws import Draws
 from probtransformer.inference.loading import load_posterior
 from probtransformer.inference.mcmc import fit_mcmc
 from probtransformer.inference.posterior import Posterior
@@ -14,6 +15,7 @@ from probtransformer.inference.serialization import FORMAT_VERSION
 from probtransformer.inference.svi import NonFiniteELBOError, SVIState, fit_svi, svi_init, svi_step
 
 __all__ = [
+    "Draws",
     "FORMAT_VERSION",
     "NonFiniteELBOError",
     "Posterior",

@@ -319,6 +319,25 @@ def _check_draws_followed(model, rows, condition: dict, vectorized) -> None:
     pass that sums, averages or drops the draw dim (``einsum("...p,np->n", w, x)``,
     ``.mean(0)``) has the right shape but mixes the draws, so every prediction is wrong."""
     name = model.likelihood_site
+    try:
+        single, together = _one_and_all_draws(model, rows, condition, vectorized)
+    except ValueError:
+        return  # data out of the likelihood's support: the fit names the site and step
+    finite = torch.isfinite(single) & torch.isfinite(together)
+    if not torch.allclose(together[finite], single[finite], rtol=1e-4, atol=1e-4):
+        raise ValueError(
+            f"the observed site {name!r} does not follow each posterior draw: under "
+            f"{PROBE_DRAWS} vectorized draws its log-likelihood is {together.tolist()}, but run "
+            f"one draw at a time it is {single.tolist()}. The forward pass mixes the draw dim "
+            "(a sum or mean over it, an einsum that drops it, a reshape across it): each latent "
+            "arrives as (draws, 1, *shape); keep the leading dims and broadcast from the right, "
+            "e.g. `(x * w).sum(-1)` for a (P,) weight (docs/protocol.md)"
+        )
+
+
+def _one_and_all_draws(model, rows, condition: dict, vectorized):
+    """``(K, N)`` log-likelihoods of the rows: one pass per draw, and the vectorized pass."""
+    name = model.likelihood_site
     single = torch.stack(
         [
             poutine.trace(poutine.condition(model, data={k: v[i, 0] for k, v in condition.items()}))
@@ -328,16 +347,7 @@ def _check_draws_followed(model, rows, condition: dict, vectorized) -> None:
             for i in range(PROBE_DRAWS)
         ]
     )  # (K, N): one pass per draw
-    together = vectorized.log_prob(rows.y).expand_as(single)
-    if not torch.allclose(together, single, rtol=1e-4, atol=1e-4):
-        raise ValueError(
-            f"the observed site {name!r} does not follow each posterior draw: under "
-            f"{PROBE_DRAWS} vectorized draws its log-likelihood is {together.tolist()}, but run "
-            f"one draw at a time it is {single.tolist()}. The forward pass mixes the draw dim "
-            "(a sum or mean over it, an einsum that drops it, a reshape across it): each latent "
-            "arrives as (draws, 1, *shape); keep the leading dims and broadcast from the right, "
-            "e.g. `(x * w).sum(-1)` for a (P,) weight (docs/protocol.md)"
-        )
+    return single, vectorized.log_prob(rows.y).expand_as(single)
 
 
 @contextlib.contextmanager

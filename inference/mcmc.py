@@ -1,4 +1,10 @@
-"""Hamiltonian Monte Carlo (HMC, NUTS) on Pyro's kernels, with per-draw sampler statistics."""
+"""MCMC: HMC and NUTS on Pyro's kernels, and many-chain ChEES-HMC and MCLMC through the draw dim.
+
+``fit_mcmc`` is the one entry point. ``kernel="nuts"``/``"hmc"`` run Pyro's kernels (chains as
+processes or one after another) with per-draw sampler statistics; ``kernel="chees"``/
+``"mclmc"`` run K chains together as the model's draw dim (``inference.vectorized``,
+``inference.samplers``, ``inference.many_chains``).
+"""
 
 from __future__ import annotations
 
@@ -43,13 +49,18 @@ from probtransformer.inference.inputs import (
     example_of,
     rows_digest,
 )
+from probtransformer.inference.many_chains import INITS, run_many_chains
 from probtransformer.inference.model_checks import check_sampled_sites, latent_sites
 from probtransformer.inference.posterior import Posterior
+from probtransformer.inference.samplers import CHEES_TARGET_ACCEPT
 from probtransformer.inference.svi import fit_svi
 from probtransformer.validation import check_int
 
 #: Kernels accepted by ``fit_mcmc(kernel=...)``.
-KERNELS = ("nuts", "hmc")
+KERNELS = ("nuts", "hmc", "chees", "mclmc")
+
+#: The kernels that run K chains together through the model's draw dim.
+MANY_CHAIN_KERNELS = ("chees", "mclmc")
 
 #: Warm-up lengths below this get a warning: adaptation has too few windows to settle.
 MIN_WARMUP = 50
@@ -162,10 +173,12 @@ def fit_mcmc(
     num_chains: int = 4,
     num_warmup: int = 200,
     num_samples: int = 200,
-    target_accept_prob: float = 0.8,
+    init: str = "prior",
+    num_starts: int = 1,
+    target_accept_prob: float | None = None,
     max_tree_depth: int = 10,
-    step_size: float = 1.0,
-    trajectory_length: float = 2 * math.pi,
+    step_size: float | None = None,
+    trajectory_length: float | None = None,
     full_mass: bool = False,
     jit_compile: bool = False,
     map_steps: int = 1000,
@@ -173,22 +186,44 @@ def fit_mcmc(
     seed: int = 0,
     progress: bool = True,
 ) -> Posterior:
-    """Sample the posterior of ``model`` given ``data`` by HMC or NUTS (Pyro's kernels).
+    """Sample the posterior of ``model`` given ``data`` by NUTS, HMC, ChEES-HMC or MCLMC.
 
-    NUTS (Hoffman & Gelman 2014) with multinomial sampling and Stan-style windowed adaptation of
-    the step size (dual averaging to ``target_accept_prob``) and of a diagonal (or, with
-    ``full_mass``, dense) mass matrix during ``num_warmup``; HMC (Neal 2011) integrates for a fixed
-    ``trajectory_length`` per transition. Chains start from
-    independent uniform draws in (-2, 2) of the unconstrained space (Stan's default). They run
-    in parallel processes when the machine has more than ``num_chains`` cores (Pyro keeps one for
-    the main process) and one after another otherwise; CUDA chains use a ``spawn`` context.
+    ``"nuts"`` (the default) and ``"hmc"`` run Pyro's kernels. NUTS (Hoffman & Gelman 2014) with
+    multinomial sampling and Stan-style windowed adaptation of the step size (dual averaging to
+    ``target_accept_prob``, default 0.8) and of a diagonal (or, with ``full_mass``, dense) mass
+    matrix during ``num_warmup``; HMC (Neal 2011) integrates for a fixed ``trajectory_length``
+    (default 2π) per transition. Chains start from independent uniform draws in (-2, 2) of the
+    unconstrained space (Stan's default). They run in parallel processes when the machine has
+    more than ``num_chains`` cores (Pyro keeps one for the main process) and one after another
+    otherwise; CUDA chains use a ``spawn`` context.
+
+    ``"chees"`` and ``"mclmc"`` run the K chains together as the model's draw dim: each
+    leapfrog step is one vectorized gradient of all chains (``inference.vectorized``), so on a
+    GPU K chains cost about one. Before sampling, the K-chain log density is checked against
+    single-chain evaluations site by site. Chains start from ``num_starts`` points (``init``:
+    ``"prior"`` draws, one ``"map"`` fit, or an ``"ensemble"`` of MAP fits run as one batched
+    optimisation; ``inference.many_chains``), K / M chains per start (a *superchain*,
+    ``record["superchain"]``).
+
+    - ``"chees"``: ChEES-HMC (Hoffman, Radul & Sountsov 2021), Metropolis-adjusted per chain
+      (exact): a jittered trajectory length adapted by the ChEES criterion, the step size by
+      dual averaging on the harmonic-mean acceptance (``target_accept_prob``, default 0.651),
+      a diagonal mass matrix from the moments pooled over chains (``inference.samplers.ChEES``).
+    - ``"mclmc"``: microcanonical Langevin Monte Carlo (Robnik et al. 2023) with BlackJAX's
+      tuning as MILE runs it (Sommer et al. 2025) in ``num_warmup`` integrator steps; each kept
+      draw is about one decoherence length ``L`` of steps. It is **unadjusted** (no
+      accept/reject): its draws carry a step-size bias. On the analytic linear regression the
+      benchmark measured it in standard errors (``benchmarks/BENCHMARKS.md``, "Many-chain
+      samplers"); ``record["energy_error_var_per_dim"]`` holds each run's energy-error
+      variance per dimension (tuned towards 5e-4; much larger values mean more bias).
 
     The model runs in eval mode (dropout off: the target density must be deterministic) on the
     full data set. Its point-estimate parameters (plain ``nn.Parameter``s, the parts that are not
     Bayesian) are first fitted by MAP (``fit_svi(guide="delta")`` for ``map_steps`` steps), then
-    held fixed while sampling; ``record["point_estimates"]`` says which and how. Ctrl-C stops
-    sampling and returns the draws so far as a Posterior with ``record["partial"] = True``
-    (chains cut to a common length; chains in worker processes lose their per-draw statistics).
+    held fixed, shared by every chain, while sampling; ``record["point_estimates"]`` says which
+    and how. Ctrl-C stops sampling and returns the draws so far as a Posterior with
+    ``record["partial"] = True`` (chains cut to a common length; NUTS/HMC chains in worker
+    processes lose their per-draw statistics).
 
     Local latents of a user's model (sampled inside ``pyro.plate("data")``, one value per row,
     e.g. the school effects of eight schools) are kept: ``samples[site]`` is
@@ -197,7 +232,7 @@ def fit_mcmc(
     sites the sampler will return are checked against those the Posterior keeps before the
     first transition. Stochastic attention's local latents (``priors.StochasticAttentionPrior``:
     one latent per attention logit of every sequence) are sampled jointly with the weights,
-    non-centred (``LocScaleReparam``), and only for small data: at most
+    non-centred (``LocScaleReparam``), only by NUTS/HMC and only for small data: at most
     ``MAX_LOCAL_SEQUENCES`` (50) short sequences. Their draws are not kept; predictions for any
     inputs draw them from their contextual prior given each weight draw.
 
@@ -205,33 +240,45 @@ def fit_mcmc(
     ``2**max_tree_depth - 1`` steps per NUTS transition; neural-network posteriors ask for long
     trajectories, so keep models and data small. Small models run fastest on one torch thread
     (``torch.set_num_threads(1)``; worker processes keep torch's default). ``jit_compile``
-    saved about a third of the time per gradient on the small classifier.
+    saved about a third of the time per gradient on the small classifier (NUTS/HMC only). The
+    many-chain kernels pay one K-chain gradient per step; ``benchmarks/BENCHMARKS.md`` has the
+    chain-gradients per second against NumPyro.
 
     Args:
         model: a ``PyroModule`` following the model protocol (``docs/protocol.md``).
         data: training split; ``data.y`` required.
-        kernel: ``"nuts"`` or ``"hmc"``.
-        num_chains: independent chains (>= 1; R-hat needs >= 2).
-        num_warmup: adaptation transitions per chain, discarded (>= 0).
+        kernel: ``"nuts"``, ``"hmc"``, ``"chees"`` or ``"mclmc"``.
+        num_chains: chains K (>= 1; R-hat needs >= 2; nested R-hat >= 2 starts).
+        num_warmup: adaptation transitions per chain, discarded (>= 0; MCLMC: tuning
+            integrator steps, at least 30).
         num_samples: kept draws per chain (>= 1).
-        target_accept_prob: step-size adaptation target in (0, 1).
+        init: ``"prior"``, ``"map"`` or ``"ensemble"`` (many-chain kernels only; NUTS/HMC
+            start from uniform draws).
+        num_starts: M starting points, K % M == 0 (many-chain kernels only; ``"map"``: 1).
+        target_accept_prob: step-size adaptation target in (0, 1); None: 0.8 for NUTS/HMC,
+            0.651 (of the harmonic mean over chains) for ChEES.
         max_tree_depth: NUTS doublings per transition at most.
-        step_size: initial step size (adapted during warmup).
-        trajectory_length: HMC integration time per transition; the leapfrog steps are
-            ``trajectory_length / step_size`` and change as the step size adapts.
+        step_size: initial step size (adapted during warmup); None: 1.0 for NUTS/HMC, 0.1 for
+            ChEES (then searched).
+        trajectory_length: HMC integration time per transition (the leapfrog steps are
+            ``trajectory_length / step_size`` and change as the step size adapts; None: 2π);
+            ChEES's initial trajectory length (None: 10 steps).
         full_mass: adapt a dense mass matrix instead of a diagonal one.
         jit_compile: trace the potential energy with the PyTorch JIT.
         map_steps: MAP steps for the point-estimate parameters (unused when there are none).
         device: ``"auto"``, ``"cpu"``, ``"cuda"`` ...; CPU data is moved there.
         seed: seeds initialisation, MAP and sampling; same seed, same draws on one machine.
-        progress: show Pyro's progress bar per chain.
+        progress: show a progress bar (Pyro's per chain for NUTS/HMC).
 
     Returns:
         A ``Posterior`` holding ``samples = {site: (chain, draw, *shape)}`` (local latents
         ``(chain, draw, N, *per_row)``, with ``record["training_data_sha256"]``); ``record``
         holds the settings, ``seconds``, ``sample_stats`` (``diverging``, ``acceptance_rate``,
         ``step_size``, ``tree_depth``, ``n_steps``, ``energy``, ``lp`` per chain and draw;
-        ArviZ's names) and ``partial``.
+        ArviZ's names; ChEES has no ``tree_depth``, MCLMC no ``acceptance_rate`` or
+        ``energy`` but ``energy_error``) and ``partial``. Many-chain kernels add ``superchain``
+        (each chain's start), ``num_starts``, ``init``, ``chain_gradients``, the adapted
+        settings and ``start_seconds``/``warmup_seconds``/``sampling_seconds``.
 
     Raises:
         TypeError/ValueError: bad model, data or settings; data on a device other than
@@ -239,7 +286,10 @@ def fit_mcmc(
             than ``MAX_LOCAL_SEQUENCES`` sequences for a model with local latents; a model with
             ``hard_attention=True`` (its log density is piecewise constant in the query and key
             weights, so HMC's gradient is wrong: fit it with ``fit_svi`` or ``fit_map``); latent
-            sites the Posterior could not keep (before sampling; see ``check_sampled_sites``).
+            sites the Posterior could not keep (before sampling; see ``check_sampled_sites``);
+            K not a multiple of M; kept draws over ``many_chains.MAX_DRAW_BYTES`` (with the
+            estimate); a model whose K-chain log density differs from single-chain evaluations
+            (names the site); a non-finite initial log density (names the chain and site).
     """
     check_model(model)
     _refuse_hard_attention(model)
@@ -253,13 +303,28 @@ def fit_mcmc(
         raise ValueError(f"num_warmup must be an integer >= 0, got {num_warmup!r}")
     if isinstance(map_steps, bool) or not isinstance(map_steps, int) or map_steps < 0:
         raise ValueError(f"map_steps must be an integer >= 0, got {map_steps!r}")
-    if not (isinstance(trajectory_length, (int, float)) and 0 < trajectory_length < math.inf):
+    many = kernel in MANY_CHAIN_KERNELS
+    if trajectory_length is None and not many:
+        trajectory_length = 2 * math.pi
+    if target_accept_prob is None:
+        target_accept_prob = CHEES_TARGET_ACCEPT if kernel == "chees" else 0.8
+    if step_size is None:
+        step_size = 0.1 if many else 1.0
+    if trajectory_length is not None and not (
+        isinstance(trajectory_length, (int, float)) and 0 < trajectory_length < math.inf
+    ):
         raise ValueError(
             f"trajectory_length must be a finite number > 0, got {trajectory_length!r}"
         )
     if not (isinstance(target_accept_prob, float) and 0 < target_accept_prob < 1):
         raise ValueError(
             f"target_accept_prob must be a float in (0, 1), got {target_accept_prob!r}"
+        )
+    _check_starts(kernel, init, num_starts, num_chains)
+    if many and (full_mass or jit_compile):
+        raise ValueError(
+            f"full_mass and jit_compile apply to kernel='nuts'/'hmc'; kernel={kernel!r} adapts "
+            "a diagonal mass matrix and runs the vectorized density uncompiled"
         )
     if not isinstance(full_mass, bool):
         raise TypeError(f"full_mass must be a bool, got {type(full_mass).__name__}")
@@ -286,6 +351,12 @@ def fit_mcmc(
         _, *sampled = _check_initial_density(model, (example.x, example.y, example.mask))
     kept = latent_sites(model, example)  # what the Posterior accepts: checked before sampling
     check_sampled_sites(*sampled, *kept, len(example))
+    if has_local_latents(model) and many:
+        raise ValueError(
+            f"kernel={kernel!r} samples a fixed-size state, but stochastic attention draws one "
+            "latent per attention logit of every sequence: use kernel='nuts' (at most "
+            f"{MAX_LOCAL_SEQUENCES} sequences) or fit_svi"
+        )
     if has_local_latents(model) and len(data) > MAX_LOCAL_SEQUENCES:
         raise ValueError(
             f"stochastic attention under MCMC samples one latent per attention logit of every "
@@ -297,9 +368,64 @@ def fit_mcmc(
         model = point_estimates.pop("model")
     model.eval()  # dropout off: HMC needs a deterministic density
     train = data.to(device)
-    args = (train.x, train.y, train.mask)
-    density = _non_centred(model)
+    settings = dict(
+        kernel=kernel,
+        num_chains=num_chains,
+        num_warmup=num_warmup,
+        num_samples=num_samples,
+        target_accept_prob=target_accept_prob if kernel != "mclmc" else None,
+        max_tree_depth=max_tree_depth if kernel == "nuts" else None,
+        trajectory_length=trajectory_length if kernel in ("hmc", "chees") else None,
+        full_mass=full_mass,
+        jit_compile=jit_compile,
+    )
+    if many:
+        samples, stats, extra = run_many_chains(
+            model,
+            train,
+            kernel=kernel,
+            num_chains=num_chains,
+            num_starts=num_starts,
+            init=init,
+            num_warmup=num_warmup,
+            num_samples=num_samples,
+            step_size=step_size,
+            trajectory_length=trajectory_length,
+            target_accept_prob=target_accept_prob,
+            map_steps=map_steps,
+            seed=seed,
+            progress=progress,
+        )
+        extra["parallel"] = False
+    else:
+        samples, stats, extra = _run_pyro_kernel(
+            model, train, kept, settings, step_size, seed, progress
+        )
+        samples = {k: v for k, v in samples.items() if k not in _local_sites(model, example)}
+        if not samples:
+            raise KeyboardInterrupt("fit_mcmc was interrupted before the first draw was kept")
+    record = dict(
+        method="mcmc",
+        **settings,
+        seed=seed,
+        num_data=len(train),
+        x_range=[float(train.x.min()), float(train.x.max())],
+        point_estimates=point_estimates,
+        **extra,
+        seconds=time.perf_counter() - start,
+        sample_stats=stats,
+    )
+    if kept[1]:  # local latents kept: a pass over exactly these rows is conditioned on them
+        record["training_data_sha256"] = rows_digest(train.x, train.y, train.mask)
+    return Posterior(model, samples=samples, record=record, example=example_of(train))
 
+
+def _run_pyro_kernel(model, train, kept, settings: dict, step_size, seed, progress):
+    """Pyro's NUTS or HMC; ``(samples, sample_stats, {"partial", "parallel"})``. Stochastic
+    attention's per-logit draws are still among the samples."""
+    args = (train.x, train.y, train.mask)
+    device = train.x.device
+    density = _non_centred(model)
     with pyro_scope(), seeded(seed, device):
         transforms, *sampled = _check_initial_density(density, args)
         check_sampled_sites(*sampled, *kept, len(train))  # uses no random numbers
@@ -307,24 +433,26 @@ def fit_mcmc(
             step_size=step_size,
             adapt_step_size=True,
             adapt_mass_matrix=True,
-            full_mass=full_mass,
-            target_accept_prob=target_accept_prob,
-            jit_compile=jit_compile,
+            full_mass=settings["full_mass"],
+            target_accept_prob=settings["target_accept_prob"],
+            jit_compile=settings["jit_compile"],
             ignore_jit_warnings=True,
             init_strategy=init_to_uniform,
         )
-        if kernel == "nuts":
-            sampler = RecordingNUTS(density, max_tree_depth=max_tree_depth, **common)
+        if settings["kernel"] == "nuts":
+            sampler = RecordingNUTS(density, max_tree_depth=settings["max_tree_depth"], **common)
         else:
-            sampler = RecordingHMC(density, trajectory_length=trajectory_length, **common)
+            sampler = RecordingHMC(
+                density, trajectory_length=settings["trajectory_length"], **common
+            )
         partial = False
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="num_chains=.*Chains will be drawn")
             mcmc = MCMC(
                 sampler,
-                num_samples=num_samples,
-                warmup_steps=num_warmup,
-                num_chains=num_chains,
+                num_samples=settings["num_samples"],
+                warmup_steps=settings["num_warmup"],
+                num_chains=settings["num_chains"],
                 mp_context="spawn" if device.type == "cuda" else None,
                 disable_progbar=not progress,
             )
@@ -335,34 +463,32 @@ def fit_mcmc(
                 partial = True
                 stop_workers(mcmc)
     samples, stats = _collect(received, sampler, transforms)
-    # stochastic attention's per-logit draws are not part of the Posterior
-    local = _local_sites(model, example)
-    samples = {k: v for k, v in samples.items() if k not in local}
-    if not samples:
-        raise KeyboardInterrupt("fit_mcmc was interrupted before the first draw was kept")
-    record = dict(
-        method="mcmc",
-        kernel=kernel,
-        num_chains=num_chains,
-        num_warmup=num_warmup,
-        num_samples=num_samples,
-        target_accept_prob=target_accept_prob,
-        max_tree_depth=max_tree_depth if kernel == "nuts" else None,
-        trajectory_length=trajectory_length if kernel == "hmc" else None,
-        full_mass=full_mass,
-        jit_compile=jit_compile,
-        parallel=runs_in_worker_processes(mcmc),
-        seed=seed,
-        num_data=len(train),
-        x_range=[float(train.x.min()), float(train.x.max())],
-        point_estimates=point_estimates,
-        partial=partial,
-        seconds=time.perf_counter() - start,
-        sample_stats=stats,
-    )
-    if kept[1]:  # local latents kept: a pass over exactly these rows is conditioned on them
-        record["training_data_sha256"] = rows_digest(train.x, train.y, train.mask)
-    return Posterior(model, samples=samples, record=record, example=example_of(train))
+    return samples, stats, dict(partial=partial, parallel=runs_in_worker_processes(mcmc))
+
+
+def _check_starts(kernel: str, init: object, num_starts: object, num_chains: int) -> None:
+    """``init`` and ``num_starts`` fit the kernel and ``num_chains``."""
+    check_int("num_starts", num_starts, type_error=True)
+    if init not in INITS:
+        raise ValueError(f"init must be one of {INITS}, got {init!r}")
+    if kernel not in MANY_CHAIN_KERNELS:
+        if init != "prior" or num_starts != 1:
+            raise ValueError(
+                f"init and num_starts apply to the many-chain kernels {MANY_CHAIN_KERNELS}; "
+                f"kernel={kernel!r} starts each chain from a uniform draw in (-2, 2) of the "
+                f"unconstrained space (got init={init!r}, num_starts={num_starts})"
+            )
+        return
+    if num_chains % num_starts:
+        raise ValueError(
+            f"num_chains must be a multiple of num_starts (each start runs the same number of "
+            f"chains), got num_chains={num_chains} and num_starts={num_starts}"
+        )
+    if init == "map" and num_starts != 1:
+        raise ValueError(
+            f"init='map' starts every chain from one MAP fit, so num_starts must be 1, got "
+            f"{num_starts}; use init='ensemble' for {num_starts} MAP fits"
+        )
 
 
 def _non_centred(model):

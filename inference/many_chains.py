@@ -1,0 +1,264 @@
+"""Running K chains through the draw dim: starts, the sampling loop, and what is kept.
+
+``fit_mcmc(kernel="chees" | "mclmc")`` calls ``run_many_chains``. The K chains come from M
+starts (``num_starts``; K % M == 0): chain ``k`` starts at start ``k // (K / M)``, and the chains
+that share a start form a *superchain* (Margossian et al. 2024, nested R-hat). Starts:
+
+- ``"prior"``: M draws of the prior;
+- ``"map"``: one MAP fit (from a prior draw) shared by every chain (M must be 1);
+- ``"ensemble"``: M MAP fits from M prior draws, run as one batched optimisation through the
+  draw dim (Adam on the ``(M, D)`` unconstrained states; deep-ensemble starts as in MILE,
+  Sommer et al. 2025).
+
+MAP here is the mode of the joint density of the constrained values (no log-Jacobian), the
+same objective as ``fit_svi(guide="delta")``, on mini-batches of ``MAP_BATCH_SIZE`` rows shared
+by the starts.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+
+import pyro
+import torch
+from pyro import poutine
+from tqdm.auto import tqdm
+
+from probtransformer.inference._runtime import pyro_scope, seeded
+from probtransformer.inference.model_checks import DRAWS_DIM, DRAWS_PLATE
+from probtransformer.inference.samplers import MCLMC, ChainRNG, ChEES
+from probtransformer.inference.vectorized import VectorizedDensity
+
+#: Starting-point strategies of the many-chain kernels.
+INITS = ("prior", "map", "ensemble")
+
+#: Rows per step of the batched MAP fits of ``init="map"``/``"ensemble"``.
+MAP_BATCH_SIZE = 128
+
+#: Adam's learning rate of those fits (``fit_svi``'s default is 3e-3 for its own schedule).
+MAP_LR = 1e-2
+
+#: Bytes the kept draws may take (float32 unconstrained states; 2 GiB).
+MAX_DRAW_BYTES = 2**31
+
+#: Most integrator steps per kept MCLMC draw.
+MAX_MCLMC_STEPS_PER_DRAW = 256
+
+
+def draw_bytes(num_chains: int, num_samples: int, dim: int) -> int:
+    """Bytes of ``num_chains * num_samples`` kept draws of ``dim`` float32 scalars."""
+    return 4 * num_chains * num_samples * dim
+
+
+def run_many_chains(
+    model,
+    train,
+    *,
+    kernel: str,
+    num_chains: int,
+    num_starts: int,
+    init: str,
+    num_warmup: int,
+    num_samples: int,
+    step_size: float,
+    trajectory_length: float | None,
+    target_accept_prob: float,
+    map_steps: int,
+    seed: int,
+    progress: bool,
+) -> tuple[dict, dict, dict]:
+    """Sample ``model`` (eval mode, point estimates fixed) on ``train`` with K chains.
+
+    Returns:
+        ``(samples {site: (chain, draw, *shape)}, sample_stats {stat: [[...] per draw] per
+        chain}, record)``; ``record["partial"]`` is True after a Ctrl-C.
+
+    Raises:
+        ValueError: the kept draws would exceed ``MAX_DRAW_BYTES`` (gives the estimate); the
+            model does not vectorize over chains (names the site); a non-finite initial log
+            density (names the chain and the site).
+        KeyboardInterrupt: Ctrl-C before the first kept draw.
+    """
+    start_time = time.perf_counter()
+    density = VectorizedDensity(model, train.x, train.y, train.mask)
+    need = draw_bytes(num_chains, num_samples, density.dim)
+    if need > MAX_DRAW_BYTES:
+        raise ValueError(
+            f"{num_chains} chains x {num_samples} draws x {density.dim} latent scalars would keep "
+            f"{need / 2**30:.1f} GiB of draws (limit {MAX_DRAW_BYTES / 2**30:.0f} GiB): use fewer "
+            "chains or draws"
+        )
+    device = train.x.device
+    with seeded(seed, device):
+        probe = prior_states(density, max(2, num_starts))
+        density.check(probe[:2])  # K-chain values must equal single-chain ones, by site
+        starts = probe[:num_starts]
+        if init in ("map", "ensemble"):
+            starts = map_fit(density, starts, map_steps, progress=progress)
+    z0 = starts.repeat_interleave(num_chains // num_starts, dim=0)
+    _check_finite(density, z0)
+    superchain = [k // (num_chains // num_starts) for k in range(num_chains)]
+    start_seconds = time.perf_counter() - start_time
+
+    rng = ChainRNG(seed, num_chains, device)
+    evaluate = density.log_density
+    kept, stats, partial = [], {}, False
+    bar = tqdm(total=num_warmup + num_samples, disable=not progress, desc=kernel, leave=False)
+    warmup_start = time.perf_counter()
+    sampling_start = None
+    try:
+        if kernel == "chees":
+            sampler = ChEES(
+                evaluate,
+                rng,
+                num_warmup,
+                step_size=step_size,
+                trajectory_length=trajectory_length,
+                target_accept_prob=target_accept_prob,
+            )
+            state = sampler.init(z0)
+            for t in range(num_warmup + num_samples):
+                if t == num_warmup:
+                    sampling_start = time.perf_counter()
+                state, move = sampler.step(state, adapt=t < num_warmup)
+                if t >= num_warmup:
+                    kept.append(state.z.detach().cpu())
+                    _append(
+                        stats,
+                        diverging=move.diverging,
+                        acceptance_rate=move.accept_prob,
+                        step_size=torch.full_like(state.lp, move.step_size),
+                        n_steps=torch.full_like(state.lp, move.n_steps),
+                        energy=move.energy,
+                        lp=state.lp,
+                    )
+                bar.update(1)
+                bar.set_postfix(step=f"{move.step_size:.3g}", L=move.n_steps)
+        else:
+            sampler = MCLMC(evaluate, rng)
+            state, u = sampler.init(z0)
+            state, u = sampler.tune(state, u, max(30, num_warmup))
+            steps = min(MAX_MCLMC_STEPS_PER_DRAW, max(1, math.ceil(sampler.L / sampler.step_size)))
+            sampling_start = time.perf_counter()
+            for _ in range(num_samples):
+                errors = []
+                for _ in range(steps):
+                    state, u, energy_change = sampler.step(state, u, sampler.step_size)
+                    errors.append(energy_change)
+                errors = torch.stack(errors)
+                kept.append(state.z.detach().cpu())
+                _append(
+                    stats,
+                    diverging=~torch.isfinite(errors).all(0),
+                    step_size=torch.full_like(state.lp, sampler.step_size),
+                    n_steps=torch.full_like(state.lp, steps),
+                    energy_error=errors.square().mean(0).sqrt(),  # RMS per step, nats
+                    lp=state.lp,
+                )
+                bar.update(1)
+    except KeyboardInterrupt:
+        partial = True
+    finally:
+        bar.close()
+    if not kept:
+        raise KeyboardInterrupt("fit_mcmc was interrupted before the first draw was kept")
+    end = time.perf_counter()
+    z = torch.stack(kept, dim=1)  # (K, S, D)
+    chains, draws = z.shape[:2]
+    values = density.constrain(z.flatten(0, 1).to(torch.get_default_dtype()))
+    samples = {k: v.reshape(chains, draws, *v.shape[1:]) for k, v in values.items()}
+    record = dict(
+        num_starts=num_starts,
+        init=init,
+        superchain=superchain,
+        partial=partial,
+        chain_gradients=sampler.gradients,
+        start_seconds=start_seconds,
+        warmup_seconds=(sampling_start or end) - warmup_start,
+        sampling_seconds=end - sampling_start if sampling_start else 0.0,
+        **{f"adapted_{k}": v for k, v in sampler.settings().items()},
+    )
+    if kernel == "mclmc":
+        record.update(unadjusted=True, energy_error_var_per_dim=_energy_var(stats, density.dim))
+    return samples, {k: [list(c) for c in v] for k, v in _columns(stats).items()}, record
+
+
+def prior_states(density: VectorizedDensity, num: int) -> torch.Tensor:
+    """``(num, D)`` unconstrained prior draws of every latent (local ones on the training
+    rows), from one vectorized trace of the model under the torch RNG."""
+    model = density.model
+    with pyro_scope(), torch.no_grad(), poutine.block():
+        with pyro.plate(DRAWS_PLATE, num, dim=DRAWS_DIM):
+            trace = poutine.trace(model).get_trace(density.x, density.y, density.mask)
+    values = {s.name: trace.nodes[s.name]["value"].reshape(num, *s.shape) for s in density.sites}
+    return density.unconstrain(values)
+
+
+def map_fit(
+    density: VectorizedDensity, starts: torch.Tensor, steps: int, *, progress: bool
+) -> torch.Tensor:
+    """MAP fits of every start at once: Adam (lr ``MAP_LR``) on the ``(M, D)`` states, mini-
+    batches of ``MAP_BATCH_SIZE`` rows (every row when the model has local latents).
+
+    Each start's gradient depends only on its own state (the chains are the draw dim), and
+    Adam is elementwise, so the M fits equal M separate ones on the same mini-batches.
+    """
+    z = starts.clone().requires_grad_(True)
+    optimizer = torch.optim.Adam([z], lr=MAP_LR)
+    n = density.num_rows
+    local = any(s.local for s in density.sites)
+    size = n if local else min(n, MAP_BATCH_SIZE)
+    order = torch.randperm(n, device=z.device)
+    position = 0
+    for _ in tqdm(range(steps), disable=not progress, desc="MAP starts", leave=False):
+        if position + size > n:
+            order, position = torch.randperm(n, device=z.device), 0
+        rows = None if size == n else order[position : position + size]
+        position += size
+        _, gradient = density.log_density(z.detach(), rows=rows, jacobian=False)
+        optimizer.zero_grad()
+        z.grad = -torch.nan_to_num(gradient)
+        optimizer.step()
+    return z.detach()
+
+
+def _check_finite(density: VectorizedDensity, z0: torch.Tensor) -> None:
+    """Name the first chain and site whose initial log density is not finite."""
+    sites = density.site_log_densities(z0)
+    for k in range(len(z0)):
+        for name, value in sites.items():
+            if not torch.isfinite(value[k]):
+                raise ValueError(
+                    f"the log density of chain {k} is not finite at its initial state: site "
+                    f"{name!r} gives {float(value[k])}; check its prior and likelihood parameters "
+                    "(and the data) for NaN/inf, or use another init"
+                )
+
+
+def _append(stats: dict, **values: torch.Tensor) -> None:
+    for name, value in values.items():
+        stats.setdefault(name, []).append(value.detach().cpu())
+
+
+def _columns(stats: dict) -> dict:
+    """``{stat: (K, S)}`` tensors as Python numbers per chain."""
+    out = {}
+    for name, values in stats.items():
+        table = torch.stack(values, dim=1)  # (K, S)
+        out[name] = table.bool().tolist() if name == "diverging" else table.double().tolist()
+    return out
+
+
+def _energy_var(stats: dict, dim: int) -> float:
+    """Mean square energy error of one integrator step, per dimension (MCLMC's tuning target:
+    5e-4); NaN steps (kept states) left out."""
+    errors = torch.stack(stats["energy_error"]).double()
+    errors = errors[torch.isfinite(errors)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return float(errors.square().mean() / dim) if errors.numel() else math.nan
+
+
+__all__ = ["INITS", "MAX_DRAW_BYTES", "draw_bytes", "map_fit", "prior_states", "run_many_chains"]

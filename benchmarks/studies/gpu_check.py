@@ -1,4 +1,5 @@
-"""CUDA against CPU: wall time of an SVI fit and a NUTS fit of the digits classifier.
+"""CUDA against CPU: wall time of an SVI fit and a NUTS fit of the digits classifier, and
+chain-gradients per second of the many-chain density for K = 1, 4, 16, 64, 256 and 1024.
 
 Two fits, each run once on CUDA and once on the CPU, in one process:
 
@@ -214,6 +215,25 @@ def report(
     return "\n".join(lines) + "\n"
 
 
+def chain_gradient_table(per_device: dict[str, dict]) -> str:
+    """Markdown: chain-gradients per second of the many-chain density for each K and device
+    (``benchmarks.studies.many_chains.chain_gradients``)."""
+    ks = [k for k in next(iter(per_device.values())) if k != "pyro"]
+    lines = [
+        "",
+        "Chain-gradients per second of `VectorizedDensity.log_density` (K chains of the "
+        "780-latent classifier, 100 training rows, one call), and of Pyro's `potential_fn` "
+        "(one chain):",
+        "",
+        "| device | Pyro potential_fn | " + " | ".join(f"K = {k}" for k in ks) + " |",
+        "|---|---:|" + "---:|" * len(ks),
+    ]
+    for device, figures in per_device.items():
+        cells = [f"{figures[k]:,.0f}" for k in ks]
+        lines.append(f"| {device} | {figures['pyro']:,.0f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.studies.gpu_check",
@@ -269,7 +289,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.device != "cpu" and cuda_available:
         cuda = run_device(torch.device("cuda"), splits, sizes)
     cpu = run_device(torch.device("cpu"), splits, sizes)
+    from benchmarks.studies.many_chains import KS, chain_gradients
+
+    ks = KS[:3] if args.quick else KS
+    per_device = {}
+    if cuda is not None:
+        per_device["cuda"] = chain_gradients(torch.device("cuda"), ks)
+    per_device["cpu"] = chain_gradients(torch.device("cpu"), ks)
     text = report(cpu, cuda, sizes, threads=args.threads, note=note)
+    text += chain_gradient_table(per_device)
     print(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)

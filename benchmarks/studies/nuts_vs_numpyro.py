@@ -318,9 +318,20 @@ def _jax_compile_spans() -> Iterator[tuple[_Spans, _Spans]]:
 
 
 def run_numpyro(
-    port, cfg, train, test, *, num_chains, num_warmup, num_samples, max_tree_depth, seed
+    port,
+    cfg,
+    train,
+    test,
+    *,
+    num_chains,
+    num_warmup,
+    num_samples,
+    max_tree_depth,
+    seed,
+    chain_method="sequential",
 ) -> Run:
-    """NumPyro NUTS, chains in sequence; JAX's compile time is measured and taken out."""
+    """NumPyro NUTS, chains in sequence (or ``chain_method="vectorized"``: all chains in one
+    ``vmap``); JAX's compile time is measured and taken out."""
     import jax
     import jax.numpy as jnp
     from numpyro.infer import MCMC, NUTS, init_to_uniform
@@ -340,7 +351,7 @@ def run_numpyro(
         num_warmup=num_warmup,
         num_samples=num_samples,
         num_chains=num_chains,
-        chain_method="sequential",
+        chain_method=chain_method,
         progress_bar=False,
     )
     x, y = jnp.asarray(train.x.numpy()), jnp.asarray(train.y.numpy())
@@ -562,7 +573,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, float]]:
     ) + (" --jit-compile" if args.jit_compile else "")
     settings = (
         f"`python -m benchmarks.studies.nuts_vs_numpyro {flags}` — "
-        f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} CPU cores, "
+        f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} CPU cores, "
         f"{platform.processor() or platform.machine()}, Python {platform.python_version()}, "
         f"torch {torch.__version__}, pyro {pyro.__version__}, jax {jax.__version__}, "
         f"numpyro {numpyro.__version__}, one thread each, 1-minute load average "

@@ -1,0 +1,272 @@
+"""Many-chain ChEES-HMC against NumPyro's NUTS on the 780-latent classifier, and the cost of a
+chain-gradient against K.
+
+Two parts, each in one process:
+
+- ``chain_gradients(device, ks)``: chain-gradients per second of ``VectorizedDensity`` (log
+  density and gradient of K chains in one call) for each K, against Pyro's ``potential_fn``
+  (one chain, the gradient ``fit_mcmc(kernel="nuts")`` pays) on the same model and rows.
+  ``benchmarks.studies.gpu_check`` prints it for CUDA and CPU.
+- ``compare``: the sampler rows, on the fully Bayesian ``SequenceClassifier`` of the NUTS
+  benchmark (d_model 8, 2 heads, 1 layer, d_ff 16: 780 latents), first 100 digits training rows,
+  first 100 test rows, one CPU thread:
+  - NumPyro NUTS, one chain (``chain_method="sequential"``; compile time taken out);
+  - NumPyro NUTS, K chains, ``chain_method="vectorized"`` (compile time taken out);
+  - ``fit_mcmc(kernel="chees")``, K chains from M ensemble starts; its seconds count the
+    starts (batched MAP fits) and the warm-up.
+
+  Figures per row: chain-gradients (leapfrog steps of every chain, warm-up included) per
+  second; pooled bulk ESS (ArviZ, all chains) of ``lp`` and of the test predictive probability of
+  the true class (median over rows), and per second; nested R-hat of ``lp`` when there are
+  superchains; test accuracy and NLL of the predictive mean.
+
+Reproduce::
+
+    pip install -e ".[bench]"
+    python -m benchmarks.studies.many_chains            # about 10 minutes of one core
+    python -m benchmarks.studies.many_chains --quick    # smoke run
+
+The table is printed and written to ``benchmarks/results/many_chains.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pyro
+import torch
+
+from benchmarks.studies.nuts_vs_numpyro import (
+    MODEL,
+    Run,
+    figures,
+    import_numpyro_port,
+    load_data,
+    run_numpyro,
+)
+from probtransformer.inference import fit_mcmc
+from probtransformer.inference.many_chains import prior_states
+from probtransformer.inference.vectorized import VectorizedDensity
+from probtransformer.models import SequenceClassifier
+
+RESULTS = Path(__file__).parents[1] / "results" / "many_chains.md"
+KS = (1, 4, 16, 64, 256, 1024)
+
+
+def chain_gradients(
+    device: torch.device, ks: Sequence[int] = KS, *, train_rows: int = 100, seconds: float = 2.0
+) -> dict:
+    """``{"pyro": chain-gradients/s of potential_fn, K: chain-gradients/s}`` on ``device``.
+
+    Each K is timed for about ``seconds`` after one untimed call (CUDA synchronised).
+    """
+    train, _ = load_data(train_rows, 1, 0)
+    train = train.to(device)
+    model = SequenceClassifier(**MODEL).to(device).eval()
+    density = VectorizedDensity(model, train.x, train.y, train.mask)
+    out = {}
+    _, potential_fn, _, _ = pyro.infer.mcmc.util.initialize_model(
+        model, model_args=(train.x, train.y, train.mask)
+    )
+    with pyro.get_param_store().scope():
+        z = {
+            s.name: u[0]
+            for s, u in zip(
+                density.sites, density.unflatten(prior_states(density, 1)).values(), strict=True
+            )
+        }
+    out["pyro"] = 1 / _timed(
+        lambda: pyro.ops.integrator.potential_grad(potential_fn, z), device, seconds
+    )
+    for k in ks:
+        states = prior_states(density, k)
+        out[k] = k / _timed(lambda s=states: density.log_density(s), device, seconds)
+    return out
+
+
+def _timed(call, device: torch.device, seconds: float) -> float:
+    """Seconds per call: one untimed call, then calls until ``seconds`` have passed."""
+    call()
+    _sync(device)
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds or n < 2:
+        call()
+        n += 1
+    _sync(device)
+    return (time.perf_counter() - start) / n
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_chees(model, train, test, *, num_chains, num_starts, num_warmup, num_samples, seed) -> Run:
+    """``fit_mcmc(kernel="chees", init="ensemble")``; seconds include starts and warm-up."""
+    start, start_cpu = time.perf_counter(), time.process_time()
+    post = fit_mcmc(
+        model,
+        train,
+        kernel="chees",
+        num_chains=num_chains,
+        num_starts=num_starts,
+        init="ensemble",
+        num_warmup=num_warmup,
+        num_samples=num_samples,
+        map_steps=500,
+        device="cpu",
+        seed=seed,
+        progress=False,
+    )
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - start_cpu
+    stats = post.record["sample_stats"]
+    pred = post.predict(test.x, test.mask, num_samples=None, seed=seed)
+    run = Run(
+        samples={k: v.numpy() for k, v in post.samples.items()},
+        lp=np.asarray(stats["lp"], dtype=np.float64),
+        n_steps=np.asarray(stats["n_steps"]),
+        diverging=np.asarray(stats["diverging"], dtype=bool),
+        step_size=float(post.record["adapted_step_size"]),
+        gradients=int(post.record["chain_gradients"]),
+        seconds=seconds,
+        cpu_seconds=cpu_seconds,
+        compile_seconds=0.0,
+        probs=pred.probs.reshape(num_chains, -1, *pred.probs.shape[1:]).numpy(),
+    )
+    run.superchain = post.record["superchain"]
+    return run
+
+
+def nested_rhat(values: np.ndarray, superchain: Sequence[int]) -> float:
+    """Nested R-hat (Margossian et al. 2024) of ``(chain, draw)`` values (arviz-stats)."""
+    from arviz_stats.base import array_stats
+
+    return float(array_stats.rhat_nested(values, np.asarray(superchain)))
+
+
+def compare(args) -> dict[str, dict]:
+    """The three sampler rows (see the module docstring)."""
+    port = import_numpyro_port()
+    train, test = load_data(args.train_rows, args.test_rows, args.seed)
+    model = SequenceClassifier(**MODEL)
+    cfg = port.ClassifierConfig.from_model_config(model.config)
+    nuts = dict(num_warmup=args.num_warmup, num_samples=args.num_samples, max_tree_depth=6)
+    rows = {}
+    print("NumPyro NUTS, 1 chain ...", flush=True)
+    rows["NumPyro NUTS, 1 chain"] = figures(
+        run_numpyro(port, cfg, train, test, num_chains=1, seed=args.seed, **nuts), test
+    )
+    print(f"NumPyro NUTS, {args.num_chains} chains vectorized ...", flush=True)
+    vectorized = run_numpyro(
+        port, cfg, train, test, num_chains=args.num_chains, seed=args.seed,
+        chain_method="vectorized", **nuts,
+    )  # fmt: skip
+    rows[f"NumPyro NUTS, {args.num_chains} chains vectorized"] = figures(vectorized, test)
+    print(f"fit_mcmc chees, {args.num_chains} chains ...", flush=True)
+    chees = run_chees(
+        model, train, test, num_chains=args.num_chains, num_starts=args.num_starts,
+        num_warmup=args.chees_warmup, num_samples=args.chees_samples, seed=args.seed,
+    )  # fmt: skip
+    row = figures(chees, test)
+    row["nested_rhat_lp"] = nested_rhat(chees.lp, chees.superchain)
+    rows[f"fit_mcmc chees, {args.num_chains} chains, {args.num_starts} ensemble starts"] = row
+    return rows
+
+
+KEYS = (
+    ("seconds", "wall s (starts + warm-up + sampling; JAX compile out)", ".1f"),
+    ("gradients", "chain-gradients", ",.0f"),
+    ("gradients_per_second", "**chain-gradients / s**", ",.0f"),
+    ("steps_per_draw", "leapfrog steps per kept draw (mean)", ".1f"),
+    ("divergences", "divergent transitions (kept draws)", "d"),
+    ("ess_lp", "pooled bulk ESS, lp", ".1f"),
+    ("ess_lp_per_second", "**pooled bulk ESS / s, lp**", ".3f"),
+    ("ess_pred_median", "pooled bulk ESS, p(true class), median over test rows", ".1f"),
+    ("ess_pred_median_per_second", "**pooled bulk ESS / s, p(true class)**", ".3f"),
+    ("rhat_lp", "R-hat, lp", ".3f"),
+    ("nested_rhat_lp", "nested R-hat, lp", ".3f"),
+    ("accuracy", "test accuracy", ".3f"),
+    ("nll", "test NLL (nats)", ".3f"),
+)
+
+
+def markdown(rows: dict, grads_cpu: dict, args, load: tuple[float, float]) -> str:
+    names = list(rows)
+    lines = [
+        "### Many-chain samplers: ChEES-HMC against NumPyro NUTS",
+        "",
+        f"Command: `python -m benchmarks.studies.many_chains {' '.join(args.argv)}`; "
+        f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC; load average {load[0]:.2f} "
+        f"before, {load[1]:.2f} after; one thread (torch and XLA).",
+        "",
+        "| | " + " | ".join(names) + " |",
+        "|---|" + "---:|" * len(names),
+    ]
+    for key, label, fmt in KEYS:
+        cells = []
+        for name in names:
+            value = rows[name].get(key, float("nan"))
+            cells.append(
+                ""
+                if value is None or (isinstance(value, float) and np.isnan(value))
+                else format(value, fmt)
+            )
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Chain-gradients per second of one vectorized call (`VectorizedDensity.log_density`, "
+        f"CPU, one thread); Pyro's `potential_fn` (one chain): {grads_cpu['pyro']:,.0f}/s.",
+        "",
+        "| K | " + " | ".join(str(k) for k in grads_cpu if k != "pyro") + " |",
+        "|---|" + "---:|" * (len(grads_cpu) - 1),
+        "| chain-gradients / s | "
+        + " | ".join(f"{v:,.0f}" for k, v in grads_cpu.items() if k != "pyro")
+        + " |",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.studies.many_chains")
+    parser.add_argument("--num-chains", type=int, default=64)
+    parser.add_argument("--num-starts", type=int, default=8)
+    parser.add_argument("--num-warmup", type=int, default=150, help="NumPyro NUTS warm-up")
+    parser.add_argument("--num-samples", type=int, default=150, help="NumPyro NUTS draws")
+    parser.add_argument("--chees-warmup", type=int, default=200)
+    parser.add_argument("--chees-samples", type=int, default=50)
+    parser.add_argument("--train-rows", type=int, default=100)
+    parser.add_argument("--test-rows", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    args.argv = list(argv or [])
+    if args.quick:
+        args.num_chains, args.num_starts = 8, 2
+        args.num_warmup = args.num_samples = args.chees_warmup = args.chees_samples = 10
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    args = _parse(argv)
+    torch.set_num_threads(1)
+    before = os.getloadavg()[0]
+    grads = chain_gradients(
+        torch.device("cpu"), KS[:4] if args.quick else KS[:5], seconds=0.5 if args.quick else 3.0
+    )
+    rows = compare(args)
+    text = markdown(rows, grads, args, (before, os.getloadavg()[0]))
+    print(text)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(text)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from probtransformer.datasets import SequenceData
@@ -13,6 +14,47 @@ from probtransformer.validation import check_int
 
 def _numpy(t: torch.Tensor):
     return t.detach().cpu().numpy()
+
+
+def superchain_ids(record: dict, num_chains: int) -> np.ndarray | None:
+    """``(num_chains,)`` superchain id of each chain from ``record["superchain"]``, or None.
+
+    Many-chain samplers run ``num_chains`` chains from fewer starts; the chains of one start
+    form a superchain (nested R-hat, Margossian et al. 2024). Posteriors without the entry
+    (NUTS, HMC) return None: each chain is then its own superchain.
+
+    Raises:
+        ValueError: ``record["superchain"]`` is not a list of ``num_chains`` ints.
+    """
+    ids = record.get("superchain")
+    if ids is None:
+        return None
+    if (
+        not isinstance(ids, (list, tuple))
+        or len(ids) != num_chains
+        or not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in ids)
+    ):
+        shown = f"{len(ids)} entries" if isinstance(ids, (list, tuple)) else type(ids).__name__
+        raise ValueError(
+            f"record['superchain'] must list the superchain id (an int) of each of the "
+            f"{num_chains} chains, got {shown}: {str(ids)[:80]}"
+        )
+    return np.asarray(ids, dtype=np.int64)
+
+
+def with_superchain(idata: az.InferenceData, record: dict) -> az.InferenceData:
+    """``idata`` with a non-dimension coordinate ``superchain`` along ``chain`` in every group
+    that has a ``chain`` dim, when ``record`` has ``"superchain"`` (else ``idata`` itself).
+
+    Raises:
+        ValueError: as ``superchain_ids``.
+    """
+    if "superchain" not in record:
+        return idata
+    chains = idata.posterior.sizes["chain"]
+    ids = superchain_ids(record, chains)
+    groups = [g for g in idata.groups() if "chain" in idata[g].dims]
+    return idata.map(lambda ds: ds.assign_coords(superchain=("chain", ids)), groups=groups)
 
 
 def site_dims(model: torch.nn.Module) -> tuple[dict[str, list[str]], dict[str, list]]:
@@ -50,7 +92,8 @@ def to_inference_data(
     ``(chain, draw, attention_obs, layer, head, query, key)``), ``log_likelihood`` (pointwise on
     ``data``, dim ``obs``, for LOO/WAIC), ``posterior_predictive``, ``observed_data`` and, with
     ``test``, ``predictions`` (dim ``test_obs``). Sample-based posteriors add their per-draw
-    ``sample_stats`` (``record["sample_stats"]``).
+    ``sample_stats`` (``record["sample_stats"]``). A record with ``"superchain"`` (many-chain
+    samplers) gives every group with a ``chain`` dim the coordinate ``superchain`` along it.
 
     The posterior is drawn once (``posterior.draw(num_samples, seed=seed)``) and every group is
     computed from those draws. ``test_prediction``, a ``Prediction`` or ``RegressionPrediction``
@@ -59,8 +102,9 @@ def to_inference_data(
     its probabilities, or are its samples).
 
     Raises:
-        ValueError: ``data`` without targets, ``attention_obs < 0``, or a ``test_prediction``
-            without ``test`` or of another number of draws or rows.
+        ValueError: ``data`` without targets, ``attention_obs < 0``, a ``test_prediction``
+            without ``test`` or of another number of draws or rows, or a
+            ``record["superchain"]`` that is not one int per chain.
     """
     check_data(data)
     if test is not None:
@@ -102,13 +146,14 @@ def to_inference_data(
     stats = posterior.sample_stats(num_samples)
     if stats:
         groups["sample_stats"] = {k: _numpy(v) for k, v in stats.items()}
-    return az.from_dict(
+    idata = az.from_dict(
         **groups,
         dims=dims,
         coords=coords,
         pred_dims={site: ["test_obs"]},
         attrs={"inference_library": "pyro", "method": posterior.record.get("method", "")},
     )
+    return with_superchain(idata, posterior.record)
 
 
 def _replicates(prediction, draws, test: SequenceData, seed: int) -> torch.Tensor:

@@ -1,4 +1,8 @@
-"""Aggregated posterior diagnostics: one row per variable group, plus a printed verdict."""
+"""Aggregated posterior diagnostics: one row per variable group, plus a printed verdict.
+
+Many-chain samplers (16-128 short chains from a few starts) are judged on predictive
+quantities with nested R-hat (Margossian et al. 2024) and pooled ESS instead of weight-space
+R-hat, which head and neuron symmetries make uninformative."""
 
 from __future__ import annotations
 
@@ -9,7 +13,8 @@ import numpy as np
 import pandas as pd
 
 from probtransformer.datasets import SequenceData
-from probtransformer.inference._arviz import az, pareto_khat
+from probtransformer.inference._arviz import az, ess, pareto_khat, rhat, rhat_nested
+from probtransformer.inference.arviz import superchain_ids, with_superchain
 from probtransformer.inference.guides import AmortizedGuide
 
 #: Thresholds of the verdict (Vehtari et al. 2021 for R-hat/ESS; Vehtari et al. 2024 for k-hat).
@@ -18,6 +23,13 @@ ESS_PER_CHAIN_MIN = 100
 PARETO_K_MAX = 0.7
 ELBO_CHANGE_PER_OBS_MAX = 0.01
 BFMI_MIN = 0.3  # Betancourt 2016
+
+#: Many-chain verdict: nested R-hat (Margossian et al. 2024) and pooled bulk ESS of ``lp`` and
+#: of the log-likelihoods of the first ``PROBE_OBS`` training rows, from ``MANY_CHAINS`` chains.
+NESTED_RHAT_MAX = 1.01
+POOLED_ESS_MIN = 400
+MANY_CHAINS = 8
+PROBE_OBS = 20
 
 
 def diagnose(
@@ -47,6 +59,18 @@ def diagnose(
       the guide as an importance proposal above 0.7 (Yao et al. 2018);
     - both, with ``data``: PSIS-LOO (Vehtari, Gelman & Gabry 2017) with Pareto-k counts.
 
+    Sampled posteriors of two or more superchains (chains that share a start,
+    ``record["superchain"]``; without it each chain is its own superchain, counted from
+    ``MANY_CHAINS`` chains on) add the column ``nested_r_hat_max`` (Margossian et al. 2024,
+    "Nested R-hat: assessing the convergence of Markov chain Monte Carlo when running many short
+    chains") and ``attrs["predictive"]``: nested R-hat, R-hat and pooled bulk ESS of ``lp``
+    (``sample_stats``) and, with ``data``, of the pointwise log-likelihoods of the first
+    ``PROBE_OBS`` training rows (max R-hat, min ESS over the rows). From ``MANY_CHAINS`` chains
+    the verdict flags those instead: nested R-hat > ``NESTED_RHAT_MAX`` or pooled bulk ESS <
+    ``POOLED_ESS_MIN``; weight-space R-hat, nested R-hat and ESS are printed as information
+    (``info``), since head and neuron symmetries let chains sit in equivalent modes. With fewer
+    chains the verdict is the one above.
+
     Args:
         posterior: a ``Posterior``.
         data: training data for LOO and the attention group, or None.
@@ -61,8 +85,15 @@ def diagnose(
 
     Returns:
         DataFrame indexed by variable with columns ``size``, ``mean_sd``, ``r_hat_max``,
-        ``ess_bulk_min``, ``ess_tail_min``; ``attrs["verdict"]`` holds the verdict lines and
-        ``attrs["loo"]`` the LOO figures and ``attrs["guide_k_hat"]`` (SVI) with ``data``.
+        ``ess_bulk_min``, ``ess_tail_min`` (and ``nested_r_hat_max``, see above);
+        ``attrs["verdict"]`` holds the verdict lines and ``attrs["loo"]`` the LOO figures and
+        ``attrs["guide_k_hat"]`` (SVI) with ``data``; ``attrs["predictive"]`` is
+        ``{"lp": {"nested_r_hat", "r_hat", "ess_bulk"}, "probe_log_lik": {..., "rows"}}`` (each
+        where available) for two or more superchains.
+
+    Raises:
+        ValueError: ``idata`` without ``data``; a ``record["superchain"]`` that is not one int
+            per chain or gives superchains of different sizes.
     """
     if idata is not None:
         if data is None:
@@ -81,12 +112,18 @@ def diagnose(
             posterior={k: v.cpu().numpy() for k, v in draws.items()},
             sample_stats={k: v.numpy() for k, v in stats.items()} or None,
         )
-    table = _variable_table(idata.posterior)
+        idata = with_superchain(idata, posterior.record)
     chains = idata.posterior.sizes["chain"]
+    superchain = _superchains(posterior, chains)
+    table = _variable_table(idata.posterior, superchain)
+    if superchain is not None:
+        table.attrs["predictive"] = _predictive(idata, superchain, posterior.model.likelihood_site)
+    many = superchain is not None and chains >= MANY_CHAINS
     record = posterior.record
     verdict = [
         f"verdict ({record.get('method', '?')}, {chains} chain(s) x "
         f"{idata.posterior.sizes['draw']} draws"
+        + (f", {len(np.unique(superchain))} superchains" if many else "")
         + (", PARTIAL: sampling was interrupted" if record.get("partial") else "")
         + "):"
     ]
@@ -111,6 +148,8 @@ def diagnose(
         )
     elif table["r_hat_max"].isna().all():
         verdict.append("n/a   R-hat and ESS: too few draws per chain (need at least 4)")
+    elif many:
+        verdict.extend(_many_chain_lines(table, superchain))
     else:
         worst = table["r_hat_max"].max()
         verdict.append(_flag(worst > RHAT_MAX, f"max R-hat {worst:.3f} (flag > {RHAT_MAX})"))
@@ -123,7 +162,7 @@ def diagnose(
                 )
             )
     if "sample_stats" in idata.groups():
-        verdict.extend(_sampler_lines(idata.sample_stats, record))
+        verdict.extend(_sampler_lines(idata.sample_stats, record, many))
     elbo = record.get("elbo")
     if elbo:
         change = elbo_change_per_obs(elbo, record["num_data"])
@@ -206,8 +245,100 @@ def _flag(bad: bool, text: str) -> str:
     return ("WARN  " if bad else "ok    ") + text
 
 
-def _sampler_lines(stats, record: dict) -> list[str]:
-    """Verdict lines from MCMC ``sample_stats``: divergences, E-BFMI, tree-depth saturation."""
+def _superchains(posterior, chains: int) -> np.ndarray | None:
+    """``(chain,)`` superchain ids of a sampled posterior with 2+ superchains, else None.
+
+    Without ``record["superchain"]`` each chain is its own superchain, from ``MANY_CHAINS``
+    chains on (fewer keep the plain R-hat verdict). Ensembles and MC dropout have none.
+    """
+    if posterior.samples is None or posterior.members is not None:
+        return None
+    ids = superchain_ids(posterior.record, chains)
+    if ids is None and chains >= MANY_CHAINS:
+        ids = np.arange(chains)
+    return ids if ids is not None and len(np.unique(ids)) >= 2 else None
+
+
+def _predictive(idata, superchain: np.ndarray, site: str) -> dict[str, dict[str, float]]:
+    """Nested R-hat, R-hat and pooled bulk ESS of ``lp`` and of the probe log-likelihoods.
+
+    ``lp`` (``sample_stats``, ``(chain, draw)``) when it is recorded and finite; the probe is
+    the first ``PROBE_OBS`` rows of the ``log_likelihood`` group (``(chain, draw, obs, ...)``,
+    max R-hat and min ESS over its scalars) when the group exists.
+    """
+    out = {}
+    if "sample_stats" in idata.groups() and "lp" in idata.sample_stats:
+        lp = np.asarray(idata.sample_stats["lp"].transpose("chain", "draw").values, dtype=float)
+        if np.isfinite(lp).all():
+            out["lp"] = _figures(lp, superchain)
+    if "log_likelihood" in idata.groups() and site in idata.log_likelihood:
+        ll = idata.log_likelihood[site].transpose("chain", "draw", ...)
+        probe = np.asarray(ll.values[:, :, :PROBE_OBS], dtype=float)  # (chain, draw, rows, ...)
+        if probe.shape[2] and np.isfinite(probe).all():
+            out["probe_log_lik"] = {**_figures(probe, superchain), "rows": probe.shape[2]}
+    return out
+
+
+def _figures(values: np.ndarray, superchain: np.ndarray) -> dict[str, float]:
+    """Max nested R-hat, max R-hat and min pooled bulk ESS of ``values (chain, draw, ...)``."""
+    return dict(
+        nested_r_hat=_nanmax(np.atleast_1d(rhat_nested(values, superchain))),
+        r_hat=_nanmax(np.atleast_1d(rhat(values))),
+        ess_bulk=_nanmin(np.atleast_1d(ess(values, "bulk"))),
+    )
+
+
+def _many_chain_lines(table: pd.DataFrame, superchain: np.ndarray) -> list[str]:
+    """Verdict lines for ``MANY_CHAINS`` or more chains: weight space as information, the
+    predictive figures of ``table.attrs["predictive"]`` flagged."""
+    num_superchains = len(np.unique(superchain))
+    lines = [
+        "info  weight-space R-hat and ESS are information only: head and neuron symmetries "
+        "(permuted heads or hidden units compute the same function) let chains sit in "
+        "equivalent modes, which makes weight-space R-hat uninformative; the verdict checks "
+        "lp and probe log-likelihoods",
+        f"info  max R-hat {table['r_hat_max'].max():.3f}, max nested R-hat "
+        f"{table['nested_r_hat_max'].max():.3f} ({num_superchains} superchains of "
+        f"{len(superchain) // num_superchains} chain(s)), min bulk ESS "
+        f"{table['ess_bulk_min'].min():.0f}, min tail ESS {table['ess_tail_min'].min():.0f}",
+    ]
+    predictive = table.attrs["predictive"]
+    for key, label, missing in (
+        ("lp", "lp", "the sampler recorded no finite lp"),
+        ("probe_log_lik", "the probe log-likelihoods", "pass data to check the log-likelihoods"),
+    ):
+        figures = predictive.get(key)
+        if figures is None:
+            lines.append(f"n/a   {label}: {missing}")
+            continue
+        worst = ("max ", "min ") if key == "probe_log_lik" else ("", "")
+        if key == "probe_log_lik":
+            label = f"the log-likelihoods of the first {figures['rows']} training rows"
+        nested, pooled = figures["nested_r_hat"], figures["ess_bulk"]
+        if math.isnan(nested) or math.isnan(pooled):
+            lines.append(f"n/a   nested R-hat and ESS of {label}: constant, or under 4 draws")
+            continue
+        lines.append(
+            _flag(
+                nested > NESTED_RHAT_MAX,
+                f"{worst[0]}nested R-hat of {label} {nested:.3f} (flag > {NESTED_RHAT_MAX})",
+            )
+        )
+        lines.append(
+            _flag(
+                pooled < POOLED_ESS_MIN,
+                f"{worst[1]}pooled bulk ESS of {label} {pooled:.0f} (flag < {POOLED_ESS_MIN})",
+            )
+        )
+    return lines
+
+
+def _sampler_lines(stats, record: dict, many: bool = False) -> list[str]:
+    """Verdict lines from MCMC ``sample_stats``: divergences, E-BFMI, tree-depth saturation.
+
+    With ``many`` chains E-BFMI is summarised (min and count below ``BFMI_MIN``) instead of
+    listed per chain.
+    """
     lines = []
     if "diverging" in stats:
         divergent = int(stats["diverging"].sum())
@@ -223,13 +354,18 @@ def _sampler_lines(stats, record: dict) -> list[str]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             bfmi = np.atleast_1d(az.bfmi(stats))
+        low = int((bfmi < BFMI_MIN).sum())
+        shown = (
+            f"E-BFMI min {bfmi.min():.2f} over {bfmi.size} chains, {low} below {BFMI_MIN}"
+            if many
+            else f"E-BFMI per chain {', '.join(f'{b:.2f}' for b in bfmi)}"
+        )
         lines.append(
             "n/a   E-BFMI: too few draws per chain"
             if np.isnan(bfmi).any()
             else _flag(
-                bool((bfmi < BFMI_MIN).any()),
-                f"E-BFMI per chain {', '.join(f'{b:.2f}' for b in bfmi)} (flag < {BFMI_MIN}: "
-                "momentum resampling explores the energy poorly)",
+                low > 0,
+                f"{shown} (flag < {BFMI_MIN}: momentum resampling explores the energy poorly)",
             )
         )
     if record.get("kernel") == "nuts" and "tree_depth" in stats:
@@ -245,25 +381,38 @@ def _sampler_lines(stats, record: dict) -> list[str]:
     return lines
 
 
-def _variable_table(dataset) -> pd.DataFrame:
+def _variable_table(dataset, superchain: np.ndarray | None = None) -> pd.DataFrame:
+    """One row per variable of ``dataset`` (an InferenceData group): its number of scalars,
+    mean sd and, for 2+ chains, max R-hat and min bulk/tail ESS over its scalars; with
+    ``superchain`` ``(chain,)`` also max nested R-hat (column ``nested_r_hat_max``)."""
     sd = dataset.std(dim=("chain", "draw"))
-    rhat = bulk = tail = None
-    if dataset.sizes["chain"] >= 2:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # ArviZ warns about constant draws
-            rhat = az.rhat(dataset)
-            bulk = az.ess(dataset, method="bulk")
-            tail = az.ess(dataset, method="tail")
+    chains = dataset.sizes["chain"]
     rows = {}
     for name, var in dataset.data_vars.items():
-        rows[name] = dict(
-            size=int(math.prod(var.shape[2:])),
+        values = np.asarray(var.transpose("chain", "draw", ...).values)  # (chain, draw, *shape)
+        row = dict(
+            size=int(math.prod(values.shape[2:])),
             mean_sd=float(sd[name].mean()),
-            r_hat_max=math.nan if rhat is None else float(rhat[name].max()),
-            ess_bulk_min=math.nan if bulk is None else float(bulk[name].min()),
-            ess_tail_min=math.nan if tail is None else float(tail[name].min()),
+            r_hat_max=_nanmax(rhat(values)) if chains >= 2 else math.nan,
+            ess_bulk_min=_nanmin(ess(values, "bulk")) if chains >= 2 else math.nan,
+            ess_tail_min=_nanmin(ess(values, "tail")) if chains >= 2 else math.nan,
         )
+        if superchain is not None:
+            row["nested_r_hat_max"] = _nanmax(rhat_nested(values, superchain))
+        rows[name] = row
     return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def _nanmax(values: np.ndarray) -> float:
+    """Max ignoring NaN (as xarray's ``max``); NaN when every value is NaN."""
+    finite = values[~np.isnan(values)]
+    return float(finite.max()) if finite.size else math.nan
+
+
+def _nanmin(values: np.ndarray) -> float:
+    """Min ignoring NaN (as xarray's ``min``); NaN when every value is NaN."""
+    finite = values[~np.isnan(values)]
+    return float(finite.min()) if finite.size else math.nan
 
 
 def _loo(idata) -> dict:

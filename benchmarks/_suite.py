@@ -111,7 +111,7 @@ def provenance() -> dict:
     """When and where a row was measured: UTC time, versions, cores, load average."""
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     return dict(
-        measured=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        measured=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         torch=torch.__version__,
         pyro=pyro.__version__,
         python=platform.python_version(),

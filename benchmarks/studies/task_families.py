@@ -812,7 +812,7 @@ def main(argv: list[str] | None = None) -> None:
         command += " --quick" * args.quick
         row.update(
             command=command if args.seed == 0 else f"{command} --seed {args.seed}",
-            measured=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            measured=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             torch=torch.__version__,
         )
         rows = store(cache, key, row)

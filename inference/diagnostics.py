@@ -23,6 +23,11 @@ ESS_PER_CHAIN_MIN = 100
 PARETO_K_MAX = 0.7
 ELBO_CHANGE_PER_OBS_MAX = 0.01
 BFMI_MIN = 0.3  # Betancourt 2016
+#: A ChEES chain whose mean acceptance probability is below this is stuck.
+STUCK_ACCEPTANCE = 0.05
+#: MCLMC's energy-error variance per dimension above which its bias is flagged (10x the
+#: tuning target 5e-4 of Robnik et al. 2023).
+MCLMC_ENERGY_VAR_MAX = 5e-3
 
 #: Many-chain verdict: nested R-hat (Margossian et al. 2024) and pooled bulk ESS of ``lp`` and
 #: of the log-likelihoods of the first ``PROBE_OBS`` training rows, from ``MANY_CHAINS`` chains.
@@ -376,6 +381,27 @@ def _sampler_lines(stats, record: dict, many: bool = False) -> list[str]:
                 saturated > 0,
                 f"transitions at max_tree_depth={limit}: {saturated}"
                 + ("; trajectories were cut short: raise max_tree_depth" if saturated else ""),
+            )
+        )
+    if record.get("kernel") == "chees" and "acceptance_rate" in stats:
+        per_chain = stats["acceptance_rate"].mean("draw").values
+        stuck = [int(c) for c in np.flatnonzero(per_chain < STUCK_ACCEPTANCE)]
+        lines.append(
+            _flag(
+                bool(stuck),
+                f"stuck chains (mean acceptance < {STUCK_ACCEPTANCE}): {len(stuck)} of "
+                f"{len(per_chain)}"
+                + (f" (chains {stuck[:10]}): start them elsewhere (init=)" if stuck else ""),
+            )
+        )
+    energy_var = record.get("energy_error_var_per_dim")
+    if record.get("kernel") == "mclmc" and energy_var is not None:
+        lines.append(
+            _flag(
+                not energy_var <= MCLMC_ENERGY_VAR_MAX,
+                f"MCLMC is unadjusted: energy-error variance per dimension {energy_var:.2g} "
+                f"(tuned towards 5e-4; flag > {MCLMC_ENERGY_VAR_MAX}: the step-size bias "
+                "grows with it)",
             )
         )
     return lines

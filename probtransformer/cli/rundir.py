@@ -195,6 +195,13 @@ def write_run(target: Path, post, splits, record: dict, draws: dict, task, evalu
         raise CLIError(f"cannot write --out {target}: {e.strerror or e}") from e
 
 
+def _json_nested(value):
+    """``value`` with every number through ``_json_number`` (dicts kept), or None."""
+    if isinstance(value, dict):
+        return {key: _json_nested(item) for key, item in value.items()}
+    return _json_number(value)
+
+
 def write_diagnostics(path: Path, post, train, draws: dict, idata=None) -> None:
     """Write ``Posterior.diagnose(train)`` to ``path`` as JSON.
 
@@ -202,7 +209,9 @@ def write_diagnostics(path: Path, post, train, draws: dict, idata=None) -> None:
     log-likelihood), ``table`` (one record per variable group: ``variable``, ``size``,
     ``mean_sd``, ``r_hat_max``, ``ess_bulk_min``, ``ess_tail_min``; null where not defined),
     ``verdict`` (the printed lines), ``warnings`` (the lines flagged WARN), ``ok`` (no such
-    line), ``loo`` (PSIS-LOO figures, or null) and ``guide_k_hat`` (SVI, or null): the table
+    line), ``loo`` (PSIS-LOO figures, or null), ``guide_k_hat`` (SVI, or null) and
+    ``predictive`` (nested R-hat, R-hat and pooled bulk ESS of lp and of the probe
+    log-likelihoods for runs with superchains, or null): the table
     and verdict ``probtransformer diagnose`` prints for the run. ``idata``, exported from the
     fit's ``draws`` (``num_samples``, ``seed``), is reused when those are diagnose's defaults.
     """
@@ -226,6 +235,7 @@ def write_diagnostics(path: Path, post, train, draws: dict, idata=None) -> None:
         ok=not warnings,
         loo=None if loo is None else {key: _json_number(value) for key, value in loo.items()},
         guide_k_hat=_json_number(table.attrs.get("guide_k_hat")),
+        predictive=_json_nested(table.attrs.get("predictive")),
     )
     path.write_text(json.dumps(diagnostics, indent=1, allow_nan=False) + "\n")
 

@@ -143,6 +143,64 @@ def run_chees(model, train, test, *, num_chains, num_starts, num_warmup, num_sam
     return run
 
 
+def regression_bias(*, num_chains: int = 32, num_samples: int = 500, seed: int = 0) -> dict:
+    """Bias of ``chees`` and ``mclmc`` on the analytic linear regression, in standard errors.
+
+    The correlated regression of the correctness tests (50 rows, 3 features, intercept;
+    posterior correlations down to -0.72). For each kernel and coefficient: the error of the
+    posterior mean in Monte Carlo standard errors (``(mean - exact) / MCSE``, MCSE from
+    arviz-stats' mean ESS over all chains), and the ratio of the sampled to the exact
+    posterior sd. Returns ``{kernel: {"z_mean": [...], "sd_ratio": [...], "ess": [...],
+    "energy_error_var_per_dim": ...}}``.
+    """
+    from arviz_stats.base import array_stats
+
+    from probtransformer.datasets import SequenceData
+    from probtransformer.models import BayesianLinearRegression
+
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(50, 3, generator=g)
+    x = torch.stack([z[:, 0], 0.7 * z[:, 0] + 0.71 * z[:, 1], 0.5 + 0.7 * z[:, 2]], -1)
+    y = x @ torch.tensor([0.8, -0.5, 0.3]) + 0.2 + torch.randn(50, generator=g)
+    model, data = BayesianLinearRegression(3), SequenceData(x=x, y=y)
+    exact = model.analytic_posterior(x, y)
+    mean, sd = exact.mean.numpy(), exact.variance.sqrt().numpy()
+    out = {}
+    for kernel in ("chees", "mclmc"):
+        post = fit_mcmc(
+            model, data, kernel=kernel, num_chains=num_chains, num_starts=4, init="prior",
+            num_warmup=500, num_samples=num_samples, seed=seed, progress=False,
+        )  # fmt: skip
+        draws = torch.cat([post.samples["weight"], post.samples["bias"][..., None]], -1)
+        draws = draws.double().numpy()  # (chain, draw, 4)
+        ess = array_stats.ess(np.moveaxis(draws, -1, 0), method="mean")  # (4,)
+        est = draws.mean((0, 1))
+        out[kernel] = dict(
+            z_mean=((est - mean) / (draws.std((0, 1)) / np.sqrt(ess))).tolist(),
+            sd_ratio=(draws.std((0, 1)) / sd).tolist(),
+            ess=ess.tolist(),
+            chain_gradients=post.record["chain_gradients"],
+            energy_error_var_per_dim=post.record.get("energy_error_var_per_dim"),
+        )
+    return out
+
+
+def bias_markdown(bias: dict, command: str) -> str:
+    names = ["weight[0]", "weight[1]", "weight[2]", "bias"]
+    lines = [
+        "#### Bias on the analytic linear regression",
+        "",
+        f"Command: `{command}`. (mean - exact) / MCSE and sampled sd / exact sd per coefficient.",
+        "",
+        "| kernel | " + " | ".join(f"{n}: z, sd ratio" for n in names) + " | chain-gradients |",
+        "|---|" + "---:|" * (len(names) + 1),
+    ]
+    for kernel, row in bias.items():
+        cells = [f"{z:+.2f}, {r:.3f}" for z, r in zip(row["z_mean"], row["sd_ratio"], strict=True)]
+        lines.append(f"| {kernel} | " + " | ".join(cells) + f" | {row['chain_gradients']:,} |")
+    return "\n".join(lines) + "\n"
+
+
 def nested_rhat(values: np.ndarray, superchain: Sequence[int]) -> float:
     """Nested R-hat (Margossian et al. 2024) of ``(chain, draw)`` values (arviz-stats)."""
     from arviz_stats.base import array_stats
@@ -244,6 +302,9 @@ def _parse(argv):
     parser.add_argument("--test-rows", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument(
+        "--bias", action="store_true", help="only the bias of chees and mclmc on the regression"
+    )
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     args.argv = list(argv or [])
@@ -256,6 +317,11 @@ def _parse(argv):
 def main(argv: Sequence[str] | None = None) -> dict:
     args = _parse(argv)
     torch.set_num_threads(1)
+    if args.bias:
+        bias = regression_bias()
+        text = bias_markdown(bias, "python -m benchmarks.studies.many_chains --bias")
+        print(text)
+        return bias
     before = os.getloadavg()[0]
     grads = chain_gradients(
         torch.device("cpu"), KS[:4] if args.quick else KS[:5], seconds=0.5 if args.quick else 3.0

@@ -173,7 +173,10 @@ class VectorizedDensity:
                 constrained values, for MAP fits).
 
         Returns:
-            ``(log_density (K,), gradient (K, D) or None)``, in nats, on ``z``'s device.
+            ``(log_density (K,), gradient (K, D) or None)``, in nats, on ``z``'s device. A chain
+            whose state is not finite, or whose values leave a site's support (an overflowed
+            trajectory: ``exp`` of a large negative number is 0, not a positive scale), gets
+            NaN in both; the other chains are evaluated as usual.
 
         Raises:
             ValueError: ``z`` not ``(K, D)``; the model fails under K vectorized draws (names
@@ -181,6 +184,33 @@ class VectorizedDensity:
         """
         if z.dim() != 2 or z.shape[1] != self.dim:
             raise ValueError(f"z must be (K, {self.dim}), got {tuple(z.shape)}")
+        total = torch.full((len(z),), math.nan, device=z.device, dtype=z.dtype)
+        gradient = torch.full_like(z, math.nan) if grad else None
+        finite = torch.isfinite(z).all(1)
+        if not finite.any():
+            return total, gradient
+        try:
+            lp, g = self._log_density(z[finite], grad, rows, jacobian)
+        except ValueError as e:
+            if not is_invalid_parameter_error(e):
+                raise
+            if int(finite.sum()) == 1:
+                return total, gradient
+            # a chain's values are outside a support (Pyro validates the priors' values): one
+            # chain at a time, that chain NaN
+            parts = [
+                self.log_density(z[k : k + 1], grad=grad, rows=rows, jacobian=jacobian)
+                for k in range(len(z))
+            ]
+            total = torch.cat([lp for lp, _ in parts])
+            return total, torch.cat([g for _, g in parts]) if grad else None
+        total[finite] = lp
+        if grad:
+            gradient[finite] = g
+        return total, gradient
+
+    def _log_density(self, z, grad: bool, rows, jacobian: bool):
+        """``log_density`` of finite states ``z`` ``(K, D)``, row passes within the budget."""
         chains = z.shape[0]
         z = z.detach().requires_grad_(grad)
         index = torch.arange(self.num_rows, device=self.device) if rows is None else rows
@@ -231,9 +261,13 @@ class VectorizedDensity:
         return values, jac
 
     def _trace(self, values: dict, index, chains: int) -> poutine.Trace:
+        """One vectorized trace with log probabilities. Distribution validation is off, as in
+        Pyro's ``MCMC(disable_validation=True)``: a chain whose trajectory overflows (a scale of
+        inf or NaN) gets a non-finite log density of its own (a divergent transition, or a
+        named error at the initial state) instead of a ``ValueError`` that stops every chain."""
         x = self.x[index]
         args = (x, self.y[index], None if self.mask is None else self.mask[index])
-        with pyro_scope():
+        with pyro_scope(), pyro.validation_enabled(False):
             try:
                 with pyro.plate(DRAWS_PLATE, chains, dim=DRAWS_DIM):
                     trace = poutine.trace(poutine.condition(self.model, data=values)).get_trace(

@@ -90,11 +90,11 @@ def moment_errors(
 # -- linear regression with a known Gaussian posterior ----------------------------------------
 
 
-@pytest.fixture(scope="module")
-def regression() -> tuple[BayesianLinearRegression, SequenceData]:
+def correlated_regression() -> tuple[BayesianLinearRegression, SequenceData]:
     """50 rows, 3 features; the first two correlated (0.7) and the third off-centre, so the
     posterior has correlations of -0.72 (weight[0], weight[1]) and -0.67 (weight[2], bias): a
-    check of the covariance then tells a full-rank posterior from a mean-field one."""
+    check of the covariance then tells a full-rank posterior from a mean-field one. (Shared with
+    ``test_many_chains.py``.)"""
     g = torch.Generator().manual_seed(0)
     z = torch.randn(50, 3, generator=g)
     x = torch.stack([z[:, 0], 0.7 * z[:, 0] + 0.71 * z[:, 1], 0.5 + 0.7 * z[:, 2]], -1)
@@ -102,11 +102,20 @@ def regression() -> tuple[BayesianLinearRegression, SequenceData]:
     return BayesianLinearRegression(3), SequenceData(x=x, y=y)
 
 
-@pytest.fixture(scope="module")
-def exact(regression) -> tuple[np.ndarray, np.ndarray]:
-    model, data = regression
+def exact_moments(model, data: SequenceData) -> tuple[np.ndarray, np.ndarray]:
+    """The closed-form posterior's ``(P + 1,)`` mean and ``(P + 1, P + 1)`` covariance."""
     posterior = model.analytic_posterior(data.x, data.y)
     return posterior.mean.numpy(), posterior.covariance_matrix.numpy()
+
+
+@pytest.fixture(scope="module")
+def regression() -> tuple[BayesianLinearRegression, SequenceData]:
+    return correlated_regression()
+
+
+@pytest.fixture(scope="module")
+def exact(regression) -> tuple[np.ndarray, np.ndarray]:
+    return exact_moments(*regression)
 
 
 def coefficients(post, num_samples: int | None = None) -> np.ndarray:

@@ -18,10 +18,11 @@ from probtransformer.cli.options import (
     ENSEMBLE_OPTIONS,
     INFERENCE_GUIDES,
     KERNEL_OPTIONS,
+    MANY_CHAIN_KERNELS,
     MAP_FITS,
     MCMC_OPTIONS,
     SVI_OPTIONS,
-    library_default,
+    applies,
     mcmc_preset,
 )
 from probtransformer.cli.rundir import check_out, write_run
@@ -41,7 +42,6 @@ def run(args: argparse.Namespace) -> None:
     name = args.dataset + ("" if args.model == "auto" else f"-{args.model}")
     target = Path(args.out or Path("runs") / f"{name}-{args.inference}")
     check_out(target)
-    num_train = args.num_train  # the user's; the mcmc preset's is capped at the split's size
     if args.inference == "mcmc":
         args = _with_mcmc_preset(args)
 
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> None:
     splits = datasets.load(args.dataset, seed=args.seed)
     meta = splits.meta
     if args.num_train is not None:
-        if num_train is not None and num_train > len(splits.train):
+        if args.num_train > len(splits.train):
             raise CLIError(
                 f"--num-train {args.num_train} exceeds the {len(splits.train)} rows of the "
                 f"{args.dataset} training split"
@@ -136,8 +136,8 @@ def _option(dest: str) -> str:
 
 
 def _check_applicable(args: argparse.Namespace, task, tasks: dict) -> None:
-    """Refuse a --model of other tasks, settings of the other inference method, or of the other
-    MCMC kernel.
+    """Refuse a --model of other tasks, settings of the other inference method, or of other
+    MCMC kernels (``KERNEL_OPTIONS``; the kernel left unset is the preset's).
 
     Raises:
         CLIError: naming the options that were given but do not apply.
@@ -163,16 +163,20 @@ def _check_applicable(args: argparse.Namespace, task, tasks: dict) -> None:
     if options:
         verb = "applies" if len(options) == 1 else "apply"
         raise CLIError(f"{', '.join(options)} {verb} to {applies_to}, not {args.inference}")
-    kernel = args.kernel or library_default("mcmc", "kernel")
-    for dest, only in KERNEL_OPTIONS.items():
-        if getattr(args, dest) is not None and kernel != only:
-            raise CLIError(f"{_option(dest)} applies to --kernel {only}, not {kernel}")
+    kernel = args.kernel or mcmc_preset()["kernel"]
+    for dest, kernels in KERNEL_OPTIONS.items():
+        if getattr(args, dest) is not None and not applies(dest, kernel):
+            names = (
+                ", ".join(kernels[:-1]) + f" and {kernels[-1]}" if len(kernels) > 1 else kernels[0]
+            )
+            raise CLIError(f"{_option(dest)} applies to --kernel {names}, not {kernel}")
 
 
 def _with_mcmc_preset(args: argparse.Namespace) -> argparse.Namespace:
-    """``args`` with the options left unset taken from ``mcmc_preset``."""
+    """``args`` with the options left unset taken from ``mcmc_preset`` of ``--kernel`` (unset:
+    the preset's kernel)."""
     args = argparse.Namespace(**vars(args))
-    for dest, value in mcmc_preset().items():
+    for dest, value in mcmc_preset(args.kernel or mcmc_preset()["kernel"]).items():
         if getattr(args, dest) is None:
             setattr(args, dest, value)
     return args
@@ -225,9 +229,11 @@ def _fit_svi(model, train, args: argparse.Namespace, guide: str | None, target: 
 
 
 def _fit_mcmc(model, train, args: argparse.Namespace):
+    """``fit_mcmc`` with the MCMC options that were set (after the preset, only those that
+    apply to the kernel); its ValueErrors (e.g. --num-starts not dividing --num-chains) reach
+    the user as one line."""
     from probtransformer.inference import fit_mcmc
 
-    kernel = args.kernel or library_default("mcmc", "kernel")
     return fit_mcmc(
         model,
         train,
@@ -236,12 +242,15 @@ def _fit_mcmc(model, train, args: argparse.Namespace):
         **given(
             kernel=args.kernel,
             num_chains=args.num_chains,
+            num_starts=args.num_starts,
+            init=args.init,
             num_warmup=args.num_warmup,
             num_samples=args.num_draws,
             target_accept_prob=args.target_accept_prob,
-            max_tree_depth=args.max_tree_depth if kernel == "nuts" else None,
-            trajectory_length=args.trajectory_length if kernel == "hmc" else None,
+            max_tree_depth=args.max_tree_depth,
+            trajectory_length=args.trajectory_length,
             jit_compile=args.jit_compile,
+            map_steps=args.map_steps,
             device=args.device,
         ),
     )
@@ -265,20 +274,31 @@ def _fit_settings(post) -> dict[str, Any]:
     chains, kept = next(iter(post.samples.values())).shape[:2]
     # no sample_stats: an interrupted worker process took them along (recorded as None)
     diverging = (record.get("sample_stats") or {}).get("diverging")
+    kernel = record["kernel"]
     settings = dict(
-        kernel=record["kernel"],
+        kernel=kernel,
         num_chains=record["num_chains"],
         num_warmup=record["num_warmup"],
         num_draws=record["num_samples"],
-        target_accept_prob=record["target_accept_prob"],
     )
-    if record["kernel"] == "nuts":
+    if kernel != "mclmc":  # unadjusted: no acceptance target
+        settings["target_accept_prob"] = record["target_accept_prob"]
+    if kernel == "nuts":
         settings["max_tree_depth"] = record["max_tree_depth"]
-    else:
+    elif kernel == "hmc":
         settings["trajectory_length"] = record["trajectory_length"]
+    if kernel in MANY_CHAIN_KERNELS:
+        settings.update(
+            init=record["init"],
+            num_starts=record["num_starts"],
+            chain_gradients=record["chain_gradients"],
+            # what warm-up adapted: step size, and ChEES's trajectory length or MCLMC's L
+            **{key: value for key, value in record.items() if key.startswith("adapted_")},
+        )
+    else:
+        settings["jit_compile"] = record["jit_compile"]
     return dict(
         **settings,
-        jit_compile=record["jit_compile"],
         partial=record["partial"],
         chains_kept=chains,
         draws_per_chain=kept,
@@ -294,6 +314,8 @@ def _print_metrics(target: Path, record: dict, task, lines: list[str]) -> None:
             f"{record['kernel']}, {record['chains_kept']} chain(s) x {record['draws_per_chain']} "
             f"draws after {record['num_warmup']} warmup"
         )
+        if record["kernel"] in MANY_CHAIN_KERNELS:
+            how += f", {record['num_starts']} {record['init']} start(s)"
     elif record["inference"] == "ensemble":
         how = f"{record['n_members']} MAP members"
     elif record["inference"] == "mc-dropout":

@@ -3,7 +3,6 @@ unset options take, and the MCMC preset."""
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -15,56 +14,119 @@ CHECKPOINT_OPTIONS = ("checkpoint_every", "checkpoint_dir", "resume_from")  # sv
 ENSEMBLE_OPTIONS = ("n_members",)  # fit_ensemble settings: ensemble only
 #: The MAP-based fits of ``probtransformer.inference.baselines``, by --inference.
 MAP_FITS = {"map": "fit_map", "mc-dropout": "fit_mc_dropout", "ensemble": "fit_ensemble"}
+#: ``fit_mcmc``'s kernels (``inference.mcmc.KERNELS``; named here so ``--help`` imports no torch).
+KERNELS = ("nuts", "hmc", "chees", "mclmc")
+#: The kernels that run K chains together through the model's draw dim.
+MANY_CHAIN_KERNELS = ("chees", "mclmc")
+#: ``fit_mcmc(init=...)``: where the many-chain kernels start (``inference.many_chains.INITS``).
+INITS = ("prior", "map", "ensemble")
 MCMC_OPTIONS = (  # fit_mcmc settings: mcmc only
     "kernel",
     "num_chains",
+    "num_starts",
+    "init",
     "num_warmup",
     "num_draws",
     "target_accept_prob",
     "max_tree_depth",
     "trajectory_length",
     "jit_compile",
+    "map_steps",
 )
-KERNEL_OPTIONS = {"max_tree_depth": "nuts", "trajectory_length": "hmc"}  # kernel-specific
+#: The MCMC options that apply to some kernels only: the kernels they apply to.
+KERNEL_OPTIONS = {
+    "num_starts": MANY_CHAIN_KERNELS,
+    "init": MANY_CHAIN_KERNELS,
+    "target_accept_prob": ("nuts", "hmc", "chees"),  # MCLMC is unadjusted
+    "max_tree_depth": ("nuts",),
+    "trajectory_length": ("hmc", "chees"),  # ChEES: the initial one, then adapted
+    "jit_compile": ("nuts", "hmc"),
+}
 #: CLI options named differently from the library parameter they set: (source, parameter).
 LIBRARY_NAMES = {"num_draws": ("mcmc", "num_samples")}
 #: How unset options that are not library parameters read in --help.
 UNSET_HELP = {"num_train": "all", "threads": "torch's"}
 UNSET_MCMC_HELP = {"num_samples": "every kept draw"}
+#: How MCMC options whose library default is None (chosen per kernel) read in --help.
+UNSET_KERNEL_HELP = {
+    "target_accept_prob": {"nuts": "0.8", "hmc": "0.8", "chees": "0.651"},
+    "trajectory_length": {"chees": "10 leapfrog steps"},
+}
 
 
-def mcmc_preset() -> dict[str, Any]:
-    """What ``fit --inference mcmc`` uses for the options left unset.
+def applies(dest: str, kernel: str) -> bool:
+    """Whether the MCMC option ``dest`` applies to ``kernel`` (``KERNEL_OPTIONS``)."""
+    return kernel in KERNEL_OPTIONS.get(dest, KERNELS)
 
-    NUTS pays one gradient of the full-data log density per leapfrog step, several milliseconds
-    even for a tiny Transformer, and this posterior asks for long trajectories (about 500
-    leapfrog steps per transition at the library's ``max_tree_depth`` 10, measured). The library
-    defaults (a d_model-64 model on all 1,212 training digits, 4 chains of 200 + 200
-    transitions) would run for many hours. This preset fits the fully Bayesian d_model-8
-    classifier (780 latent scalars) on 200 digits with 2 chains of 100 + 100 transitions of at
-    most 2**6 - 1 leapfrog steps, the log density JIT-traced (about 1.5x faster) on one CPU
-    thread (two threads on such small operations ran 2.5x slower): about 3 to 4 minutes on 2
-    CPU cores. HMC integrates for ``trajectory_length`` 0.5 instead of 2π: about 50 leapfrog
-    steps at the step size adapted here (~0.01), where 2π would take ~600 per transition.
+
+def mcmc_preset(kernel: str = "chees") -> dict[str, Any]:
+    """What ``fit --inference mcmc --kernel KERNEL`` uses for the options left unset.
+
+    Every kernel fits the classifier of the quality benchmark (``benchmarks/quality.py``,
+    ``MODEL``: d_model 32, 4 heads, 1 layer, d_ff 64), every part Bayesian (9,230 latent
+    scalars on digits; no MAP stage for point estimates), without dropout (MCMC evaluates the
+    model in eval mode anyway), on the full training split (1,212 digits), on one CPU thread.
+    Only the settings that apply to ``kernel`` are returned (``KERNEL_OPTIONS``).
+
+    ``"chees"`` (the default; ChEES-HMC, Hoffman, Radul & Sountsov 2021): 4 chains from 2
+    ``"ensemble"`` starts (MAP fits; 2 superchains of 2 chains, the fewest for nested R-hat),
+    50 warm-up + 25 kept transitions per chain (100 draws). Measured on this machine (2 CPU
+    cores shared with other work, load average about 3): ``time probtransformer fit --inference
+    mcmc`` took 481 s wall, of which the fit 432 s (MAP starts 28 s, warm-up 331 s, sampling
+    73 s; 6,460 chain-gradients, about 63 ms each) and the rest loading, predictions and the
+    run directory. ChEES took about 27 leapfrog steps per warm-up transition (step-size
+    searches included; the step size is small until the mass matrix adapts) and 11 per kept
+    transition. Test accuracy 0.976, NLL 0.132 nats, ECE 0.065, 0 divergences; the ``diagnose``
+    verdict WARNs (max weight-space R-hat 4.6, min bulk ESS 6; R-hat of ``lp`` 3.3, nested
+    R-hat 1.18): chains from different MAP modes do not mix in 75 transitions, and with fewer
+    than ``diagnostics.MANY_CHAINS`` chains the verdict reads weight-space R-hat. More chains
+    did not fit 10 minutes: 8 chains (4 starts) of 50 + 25 transitions took 898 s to fit, 16
+    chains of 30 + 5 took 739 s; the cost grows about linearly in chains x leapfrog steps.
+    ``"mclmc"`` takes the same counts (each kept draw is about one decoherence length of
+    integrator steps, at most 256; not timed at these sizes).
+
+    ``"nuts"``/``"hmc"`` (Pyro's kernels, one chain after another on 2 cores): 2 chains (the
+    fewest for R-hat) of 50 + 50 transitions, NUTS with at most 2**6 - 1 leapfrog steps per
+    transition, HMC integrating for ``trajectory_length`` 0.5 instead of 2π, the log density
+    JIT-traced. A 12-transition NUTS pilot hit the depth cap on every transition at about 40 ms
+    per gradient, so 200 transitions take about 200 x 63 x 40 ms, 8.5 minutes, plus the
+    predictions.
+
+    Args:
+        kernel: one of ``KERNELS``.
+
+    Returns:
+        ``{option: value}`` under the ``fit`` options' ``dest`` names.
+
+    Raises:
+        ValueError: ``kernel`` is not one of ``KERNELS``.
     """
     from probtransformer.block import BAYESIAN_PARTS
 
-    return dict(
-        d_model=8,
-        num_heads=2,
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    preset: dict[str, Any] = dict(
+        d_model=32,
+        num_heads=4,
         num_layers=1,
-        d_ff=16,
-        dropout=0.0,  # HMC evaluates the model in eval mode anyway
+        d_ff=64,
+        dropout=0.0,  # MCMC evaluates the model in eval mode anyway
         bayesian=BAYESIAN_PARTS,  # every part latent: no MAP stage for point estimates
-        num_train=200,
-        num_chains=2,  # the fewest for R-hat
-        num_warmup=100,
-        num_draws=100,
-        max_tree_depth=6,
-        trajectory_length=0.5,
-        jit_compile=True,
-        threads=1,
+        kernel=kernel,
+        threads=1,  # 2 shared cores: two threads ran 2.5x slower on the d_model-8 model
     )
+    if kernel in MANY_CHAIN_KERNELS:
+        preset.update(num_chains=4, num_starts=2, init="ensemble", num_warmup=50, num_draws=25)
+    else:
+        preset.update(
+            num_chains=2,  # the fewest for R-hat
+            num_warmup=50,
+            num_draws=50,
+            max_tree_depth=6,
+            trajectory_length=0.5,
+            jit_compile=True,
+        )
+    return {dest: value for dest, value in preset.items() if applies(dest, kernel)}
 
 
 def library_functions() -> dict[str, Callable[..., Any]]:
@@ -81,8 +143,3 @@ def library_functions() -> dict[str, Callable[..., Any]]:
         "diagnose": Posterior.diagnose,
         "generate": generate,
     }
-
-
-def library_default(source: str, parameter: str) -> Any:
-    """The default of ``parameter`` of the library function ``source`` (``library_functions``)."""
-    return inspect.signature(library_functions()[source]).parameters[parameter].default

@@ -17,10 +17,14 @@ from probtransformer.cli import report as report_command
 from probtransformer.cli._common import PROG
 from probtransformer.cli.options import (
     INFERENCES,
+    INITS,
+    KERNELS,
     LIBRARY_NAMES,
     MCMC_OPTIONS,
     UNSET_HELP,
+    UNSET_KERNEL_HELP,
     UNSET_MCMC_HELP,
+    applies,
     library_functions,
     mcmc_preset,
 )
@@ -87,8 +91,9 @@ class _LibraryDefaultsFormatter(argparse.HelpFormatter):
     The defaults are read from the signatures of the library functions named in ``sources``
     (keys of ``options.library_functions``; the first that has the parameter) when help is
     printed, so they are always the ones a run uses. With ``mcmc=True`` the ``mcmc_preset``
-    values are shown too: as the default of MCMC-only options, as ``mcmc: ...`` next to the
-    default of others.
+    values are shown too: as the default of MCMC-only options (the default kernel's, then
+    ``nuts, hmc: ...`` for kernels whose preset differs), as ``mcmc: ...`` next to the default
+    of others.
     """
 
     def __init__(self, prog: str, *, sources: Sequence[str], mcmc: bool = False) -> None:
@@ -108,19 +113,44 @@ class _LibraryDefaultsFormatter(argparse.HelpFormatter):
                 return _help_value(parameter.default)
         return UNSET_HELP.get(dest)
 
+    def _kernel_defaults(self, dest: str) -> list[str]:
+        """What the MCMC-only option ``dest`` takes when unset, per kernel it applies to:
+        ``["default: v", "nuts, hmc: w"]``, the default kernel's group first."""
+        default_kernel = mcmc_preset()["kernel"]
+        if dest == "kernel":
+            return [f"default: {default_kernel}"]
+        groups: dict[str, list[str]] = {}
+        for kernel in KERNELS:
+            if not applies(dest, kernel):
+                continue
+            value = mcmc_preset(kernel).get(dest)
+            if value is None:
+                shown = UNSET_KERNEL_HELP.get(dest, {}).get(kernel, self._library_default(dest))
+            else:
+                shown = _help_value(value)
+            groups.setdefault(str(shown), []).append(kernel)
+        if len(groups) == 1:
+            return [f"default: {next(iter(groups))}"]
+        ordered = sorted(groups.items(), key=lambda item: default_kernel not in item[1])
+        return [
+            f"{'default' if default_kernel in kernels else ', '.join(kernels)}: {shown}"
+            for shown, kernels in ordered
+        ]
+
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         if action.default is not None or not action.option_strings:
             return text
-        preset = mcmc_preset() if self._mcmc else {}
-        default = self._library_default(action.dest)
-        if action.dest in preset and action.dest in MCMC_OPTIONS:
-            default = _help_value(preset[action.dest])
-        parts = [] if default is None else [f"default: {default}"]
-        if action.dest in preset and action.dest not in MCMC_OPTIONS:
-            parts.append(f"mcmc: {_help_value(preset[action.dest])}")
-        elif self._mcmc and action.dest in UNSET_MCMC_HELP:
-            parts.append(f"mcmc: {UNSET_MCMC_HELP[action.dest]}")
+        if self._mcmc and action.dest in MCMC_OPTIONS:
+            parts = self._kernel_defaults(action.dest)
+        else:
+            preset = mcmc_preset() if self._mcmc else {}
+            default = self._library_default(action.dest)
+            parts = [] if default is None else [f"default: {default}"]
+            if action.dest in preset:
+                parts.append(f"mcmc: {_help_value(preset[action.dest])}")
+            elif self._mcmc and action.dest in UNSET_MCMC_HELP:
+                parts.append(f"mcmc: {UNSET_MCMC_HELP[action.dest]}")
         return f"{text} ({'; '.join(parts)})" if parts else text
 
 
@@ -197,8 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
         "tagging token accuracy, NLL per token, ECE, boundary F1; language-modeling "
         "perplexity, NLL per token, next-token accuracy; forecasting RMSE, MAE, 90% interval "
         "coverage and width, CRPS. Options left unset take the library defaults; "
-        "'mcmc: ...' shows what --inference mcmc uses instead (a small model and short chains, "
-        "a few minutes on 2 CPU cores).",
+        "'mcmc: ...' shows what --inference mcmc uses instead (mcmc_preset: the quality "
+        "benchmark's classifier, every part Bayesian, on the full training split; ChEES-HMC "
+        "with 4 chains from 2 MAP starts, about 8 minutes for digits on one CPU thread).",
         formatter_class=functools.partial(
             _LibraryDefaultsFormatter,
             sources=("model", "fit", "predict", "mcmc", "ensemble"),
@@ -218,8 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--inference",
         default="svi",
         choices=INFERENCES,
-        help="svi; map: a point estimate, fit_map (fit_svi with guide delta); mcmc: fit_mcmc, "
-        "HMC or NUTS; "
+        help="svi; map: a point estimate, fit_map (fit_svi with guide delta); mcmc: fit_mcmc "
+        "(--kernel chees, mclmc, nuts or hmc); "
         "mc-dropout: MAP with dropout kept on at prediction (fit_mc_dropout, needs --dropout > "
         "0); ensemble: a deep ensemble of MAP fits (fit_ensemble) (default: %(default)s)",
     )
@@ -288,20 +319,39 @@ def build_parser() -> argparse.ArgumentParser:
         help="ensemble members, fitted with seeds seed, seed+1, ...",
     )
     mcmc = fit.add_argument_group("mcmc only")
-    mcmc.add_argument("--kernel", choices=("nuts", "hmc"), help="MCMC kernel")
+    mcmc.add_argument(
+        "--kernel",
+        choices=KERNELS,
+        help="MCMC kernel: chees (ChEES-HMC) and mclmc (unadjusted microcanonical Langevin) "
+        "run every chain in one vectorized pass; nuts and hmc are Pyro's, one chain at a time",
+    )
     mcmc.add_argument("--num-chains", type=_positive_int, metavar="N", help="independent chains")
+    mcmc.add_argument(
+        "--num-starts",
+        type=_positive_int,
+        metavar="M",
+        help="chees and mclmc only: starting points, --num-chains / M chains each (a "
+        "superchain, for nested R-hat); M must divide --num-chains",
+    )
+    mcmc.add_argument(
+        "--init",
+        choices=INITS,
+        help="chees and mclmc only: start from prior draws, one MAP fit (--num-starts 1) or an "
+        "ensemble of M MAP fits",
+    )
     mcmc.add_argument(
         "--num-warmup",
         type=_non_negative_int,
         metavar="N",
-        help="adaptation transitions per chain, discarded",
+        help="adaptation transitions per chain, discarded (mclmc: tuning integrator steps)",
     )
     mcmc.add_argument("--num-draws", type=_positive_int, metavar="N", help="kept draws per chain")
     mcmc.add_argument(
         "--target-accept-prob",
         type=float,
         metavar="P",
-        help="acceptance probability the step size is adapted to",
+        help="nuts, hmc and chees: acceptance probability the step size is adapted to (chees: "
+        "the harmonic mean over chains)",
     )
     mcmc.add_argument(
         "--max-tree-depth",
@@ -313,12 +363,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--trajectory-length",
         type=float,
         metavar="L",
-        help="HMC only: integration time per transition (leapfrog steps: L / step size)",
+        help="hmc: integration time per transition (leapfrog steps: L / step size); chees: "
+        "the initial one, then adapted",
     )
     mcmc.add_argument(
         "--jit-compile",
         action=argparse.BooleanOptionalAction,
-        help="trace the log density with the PyTorch JIT",
+        help="nuts and hmc only: trace the log density with the PyTorch JIT",
+    )
+    mcmc.add_argument(
+        "--map-steps",
+        type=_non_negative_int,
+        metavar="N",
+        help="Adam steps of the MAP fits: --init map or ensemble starts, and the parts left "
+        "out of --bayesian",
     )
     model = fit.add_argument_group("model")
     model.add_argument("--d-model", type=_positive_int, metavar="N", help="model width")

@@ -23,10 +23,18 @@ import probtransformer.inference
 import probtransformer.plots
 from probtransformer import datasets, metrics
 from probtransformer.block import BAYESIAN_PARTS
-from probtransformer.cli import main, mcmc_preset
-from probtransformer.inference import NonFiniteELBOError, fit_mcmc, fit_svi, load_posterior
+from probtransformer.cli import main, mcmc_preset, options
+from probtransformer.inference import (
+    NonFiniteELBOError,
+    fit_mcmc,
+    fit_svi,
+    load_posterior,
+    many_chains,
+)
+from probtransformer.inference import mcmc as mcmc_module
 from probtransformer.inference._arviz import az
 from probtransformer.inference.mcmc import RecordingNUTS
+from probtransformer.inference.samplers import CHEES_TARGET_ACCEPT
 from probtransformer.models import SequenceClassifier
 
 TINY = [
@@ -40,11 +48,21 @@ METRIC_KEYS = {"accuracy", "nll", "ece", "brier", "mean_epistemic", "num_train",
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 T, F, C = 8, 8, 10  # digits: 8 steps of 8 pixels, 10 classes
 PRED_COLUMNS = [f"prob_{c}" for c in range(C)] + ["predicted", "entropy", "aleatoric", "epistemic"]
-# MCMC at toy sizes on the preset model (d_model 8, every part latent): about 3 s
+# The preset's model (every part latent) at toy sizes; the preset itself runs for minutes
+TINY_MCMC_MODEL = ["--d-model", "8", "--num-heads", "2", "--d-ff", "16"]
+# NUTS: about 3 s
 MCMC_CHAINS, MCMC_WARMUP, MCMC_DRAWS, MCMC_TRAIN, MCMC_DEPTH = 2, 6, 5, 24, 3
 TINY_MCMC = [
-    "--inference", "mcmc", "--num-train", str(MCMC_TRAIN), "--num-warmup", str(MCMC_WARMUP),
-    "--num-draws", str(MCMC_DRAWS), "--max-tree-depth", str(MCMC_DEPTH), "--no-progress",
+    "--inference", "mcmc", "--kernel", "nuts", "--num-train", str(MCMC_TRAIN),
+    "--num-warmup", str(MCMC_WARMUP), "--num-draws", str(MCMC_DRAWS),
+    "--max-tree-depth", str(MCMC_DEPTH), *TINY_MCMC_MODEL, "--no-progress",
+]  # fmt: skip
+# ChEES, the preset's kernel (no --kernel): 4 chains from 2 MAP starts
+CHEES_CHAINS, CHEES_STARTS, CHEES_WARMUP, CHEES_DRAWS = 4, 2, 8, 4
+TINY_CHEES = [
+    "--inference", "mcmc", "--num-train", str(MCMC_TRAIN), "--num-chains", str(CHEES_CHAINS),
+    "--num-starts", str(CHEES_STARTS), "--num-warmup", str(CHEES_WARMUP),
+    "--num-draws", str(CHEES_DRAWS), "--map-steps", "20", *TINY_MCMC_MODEL, "--no-progress",
 ]  # fmt: skip
 
 
@@ -72,6 +90,18 @@ def mcmc_run(tmp_path_factory):
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         status = main(["fit", "--out", str(root / "run"), *TINY_MCMC])
+    assert status == 0
+    return root / "run", printed.getvalue()
+
+
+@pytest.fixture(scope="module")
+def chees_run(tmp_path_factory):
+    """(run directory, printed output) of one tiny `fit --inference mcmc` with the preset's
+    kernel (ChEES) and init (an ensemble of MAP starts)."""
+    root = tmp_path_factory.mktemp("cli-chees")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        status = main(["fit", "--out", str(root / "run"), *TINY_CHEES])
     assert status == 0
     return root / "run", printed.getvalue()
 
@@ -145,25 +175,37 @@ def test_fit_help_shows_the_library_defaults(capsys):
     model = inspect.signature(SequenceClassifier.__init__).parameters
     fit = inspect.signature(fit_svi).parameters
     mcmc = inspect.signature(fit_mcmc).parameters
-    preset = mcmc_preset()
+    preset, nuts = mcmc_preset(), mcmc_preset("nuts")
     for option, default in (
         ("--num-steps N optimisation steps", fit["num_steps"].default),
         ("--lr LR initial Adam learning rate", fit["lr"].default),
-        ("--kernel {nuts,hmc} MCMC kernel", mcmc["kernel"].default),
-        ("--target-accept-prob P acceptance probability the step size is adapted to", 0.8),
-        ("--num-chains N independent chains", preset["num_chains"]),  # the preset, not 4
-        ("--num-draws N kept draws per chain", preset["num_draws"]),
     ):
         assert f"{option} (default: {default})" in text
-    assert mcmc["target_accept_prob"].default == 0.8
+    # MCMC-only options: the preset kernel's value first, then kernels whose preset differs
+    assert CHEES_TARGET_ACCEPT == 0.651 and mcmc["map_steps"].default == 1000
+    for option, shown in (
+        ("--kernel {nuts,hmc,chees,mclmc}", "default: chees"),
+        ("--num-chains N", f"default: {preset['num_chains']}; nuts, hmc: {nuts['num_chains']}"),
+        ("--num-draws N", f"default: {preset['num_draws']}; nuts, hmc: {nuts['num_draws']}"),
+        ("--num-starts M", f"default: {preset['num_starts']}"),
+        ("--init {prior,map,ensemble}", "default: ensemble"),
+        ("--target-accept-prob P", "default: 0.651; nuts, hmc: 0.8"),
+        ("--max-tree-depth N", "default: 6"),  # NUTS only: its preset
+        ("--trajectory-length L", "default: 10 leapfrog steps; hmc: 0.5"),  # chees, then hmc
+        ("--jit-compile, --no-jit-compile", "default: True"),  # NUTS and HMC only
+        ("--map-steps N", "default: 1000"),
+    ):
+        # the option's last parenthesis: before the next option or group title ("model:")
+        found = re.search(rf"{re.escape(option)} .*?\((default: [^()]*)\)(?= --| model:)", text)
+        assert found and found.group(1) == shown, (option, found and found.group(1))
     for option, default, mcmc_default in (
         ("--d-model N model width", model["d_model"].default, preset["d_model"]),
         ("--num-heads N heads per layer", model["num_heads"].default, preset["num_heads"]),
-        ("--num-train N", "all", preset["num_train"]),
     ):
         assert re.search(
             rf"{re.escape(option)}[^(]*\(default: {default}; mcmc: {mcmc_default}\)", text
         )
+    assert re.search(r"--num-train N [^(]*\(default: all\)", text)  # mcmc too: every row
     assert "posterior draws for predictions (default: 100; mcmc: every kept draw)" in text
     assert "one of: digits" in text
 
@@ -225,14 +267,51 @@ def test_mcmc_fit_writes_run_directory(mcmc_run):
 
 def test_mcmc_fit_uses_the_preset_model(mcmc_run):
     post = load_posterior(mcmc_run[0] / "posterior")
-    preset = mcmc_preset()
+    preset = mcmc_preset("nuts")
     assert preset["bayesian"] == BAYESIAN_PARTS  # every part latent: nothing fitted by MAP
     config = post.model.config
-    for key in ("d_model", "num_heads", "num_layers", "d_ff", "dropout"):
+    for key in ("num_layers", "dropout"):  # left unset: the preset's
         assert config[key] == preset[key], key
+    assert (config["d_model"], config["num_heads"], config["d_ff"]) == (8, 2, 16)  # given
     assert set(config["bayesian"]) == set(BAYESIAN_PARTS)
     assert post.record["point_estimates"] is None
-    assert post.samples["head.weight"].shape == (MCMC_CHAINS, MCMC_DRAWS, C, preset["d_model"])
+    assert post.record["jit_compile"] is preset["jit_compile"] is True  # NUTS's preset
+    assert post.samples["head.weight"].shape == (MCMC_CHAINS, MCMC_DRAWS, C, 8)
+
+
+def test_mcmc_preset_is_the_quality_classifier_on_every_row():
+    """The preset model is benchmarks/quality.py's classifier (d_model 32, 4 heads, 1 layer,
+    d_ff 64), fully Bayesian, without dropout (MCMC runs in eval mode), on every training row."""
+    for kernel in ("chees", "mclmc", "nuts", "hmc"):
+        preset = mcmc_preset(kernel)
+        model = {key: preset[key] for key in ("d_model", "num_heads", "num_layers", "d_ff")}
+        assert model == dict(d_model=32, num_heads=4, num_layers=1, d_ff=64), kernel
+        assert (preset["dropout"], preset["bayesian"]) == (0.0, BAYESIAN_PARTS)
+        assert "num_train" not in preset and preset["threads"] == 1
+        assert preset["kernel"] == kernel
+    assert mcmc_preset()["kernel"] == "chees"
+    assert mcmc_preset()["init"] == "ensemble"
+
+
+def test_mcmc_preset_holds_only_the_options_of_its_kernel():
+    chees, mclmc, nuts, hmc = map(mcmc_preset, ("chees", "mclmc", "nuts", "hmc"))
+    assert chees["num_chains"] % chees["num_starts"] == 0  # whole superchains
+    assert chees["num_chains"] // chees["num_starts"] >= 2  # nested R-hat within superchains
+    assert {"max_tree_depth", "trajectory_length", "jit_compile"}.isdisjoint(chees)
+    assert {"max_tree_depth", "trajectory_length", "jit_compile", "target_accept_prob"}.isdisjoint(
+        mclmc
+    )
+    assert {"init", "num_starts", "trajectory_length"}.isdisjoint(nuts)
+    assert {"init", "num_starts", "max_tree_depth"}.isdisjoint(hmc)
+    assert (nuts["max_tree_depth"], hmc["trajectory_length"]) == (6, 0.5)
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        mcmc_preset("gibbs")
+
+
+def test_cli_kernel_names_are_the_library_ones():
+    assert options.KERNELS == mcmc_module.KERNELS
+    assert options.MANY_CHAIN_KERNELS == mcmc_module.MANY_CHAIN_KERNELS
+    assert options.INITS == many_chains.INITS
 
 
 def test_mcmc_fit_metrics(mcmc_run, splits):
@@ -321,6 +400,70 @@ def test_mcmc_hmc_kernel(tmp_path):
     assert (stats["tree_depth"] == 0).all()
 
 
+def test_chees_fit_takes_the_preset_kernel_and_init(chees_run):
+    run_dir, printed = chees_run
+    header = (
+        f"mcmc (chees, {CHEES_CHAINS} chain(s) x {CHEES_DRAWS} draws after {CHEES_WARMUP} "
+        f"warmup, {CHEES_STARTS} ensemble start(s))"
+    )
+    assert header in printed
+    assert re.search(rf"^\s+divergences\s+\d+ of {CHEES_CHAINS * CHEES_DRAWS}$", printed, re.M)
+    assert {p.name for p in run_dir.iterdir()} == RUN_FILES
+    record = json.loads((run_dir / "metrics.json").read_text())
+    expected = dict(
+        kernel="chees",
+        init="ensemble",  # the preset's
+        num_chains=CHEES_CHAINS,
+        num_starts=CHEES_STARTS,
+        num_warmup=CHEES_WARMUP,
+        num_draws=CHEES_DRAWS,
+        target_accept_prob=CHEES_TARGET_ACCEPT,
+        chains_kept=CHEES_CHAINS,
+        draws_per_chain=CHEES_DRAWS,
+        num_samples=CHEES_CHAINS * CHEES_DRAWS,  # predictions use every kept draw
+        num_train=MCMC_TRAIN,
+        threads=1,
+    )
+    assert {key: record[key] for key in expected} == expected
+    assert {"jit_compile", "max_tree_depth", "trajectory_length"}.isdisjoint(record)
+    # every leapfrog step is one gradient of every chain
+    assert record["chain_gradients"] > 0 and record["chain_gradients"] % CHEES_CHAINS == 0
+    assert record["adapted_step_size"] > 0 and record["adapted_trajectory_length"] > 0
+
+    post = load_posterior(run_dir / "posterior")
+    per_start = CHEES_CHAINS // CHEES_STARTS
+    assert post.record["superchain"] == [k // per_start for k in range(CHEES_CHAINS)]
+    assert post.samples["head.weight"].shape == (CHEES_CHAINS, CHEES_DRAWS, C, 8)
+    stats = az.from_netcdf(run_dir / "inference_data.nc").sample_stats
+    assert dict(stats["n_steps"].sizes) == {"chain": CHEES_CHAINS, "draw": CHEES_DRAWS}
+    assert (stats["n_steps"] >= 1).all() and "tree_depth" not in stats
+
+
+def test_diagnose_chees_run_has_nested_r_hat(chees_run, capsys):
+    assert main(["diagnose", str(chees_run[0])]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"\bnested_r_hat_max\b", out), out  # two superchains of two chains
+    assert f"verdict (mcmc, {CHEES_CHAINS} chain(s) x {CHEES_DRAWS} draws" in out
+
+
+@pytest.mark.filterwarnings("ignore:num_warmup=")
+def test_mclmc_kernel(tmp_path, capsys):
+    out = tmp_path / "mclmc"
+    args = ["--kernel", "mclmc", "--init", "prior", "--num-starts", "1", "--num-chains", "2"]
+    args += ["--num-warmup", "30", "--num-draws", "3", "--num-train", "16", *TINY_MCMC_MODEL]
+    assert main(["fit", "--out", str(out), "--inference", "mcmc", *args, "--no-progress"]) == 0
+    assert "mcmc (mclmc, 2 chain(s) x 3 draws after 30 warmup, 1 prior start(s))" in (
+        capsys.readouterr().out
+    )
+    record = json.loads((out / "metrics.json").read_text())
+    assert (record["kernel"], record["init"], record["num_starts"]) == ("mclmc", "prior", 1)
+    assert "target_accept_prob" not in record  # unadjusted: no acceptance target
+    assert record["adapted_step_size"] > 0 and record["adapted_L"] > 0
+    post = load_posterior(out / "posterior")
+    assert post.record["unadjusted"] is True
+    assert post.samples["head.weight"].shape == (2, 3, C, 8)
+
+
 def _interrupt_after(monkeypatch, calls: int) -> None:
     """Make the NUTS kernel raise KeyboardInterrupt (as Ctrl-C does) on its ``calls``-th step."""
     sample = RecordingNUTS.sample
@@ -380,7 +523,12 @@ def test_mcmc_interrupted_before_a_draw_writes_nothing(
             "--guide applies to --inference svi, map, mc-dropout and ensemble, not mcmc",
         ),
         (["--kernel", "hmc", "--max-tree-depth", "4"], "--max-tree-depth applies to --kernel nuts"),
-        (["--trajectory-length", "2"], "--trajectory-length applies to --kernel hmc, not nuts"),
+        (
+            ["--trajectory-length", "2"],
+            "--trajectory-length applies to --kernel hmc and chees, not nuts",
+        ),
+        (["--init", "map"], "--init applies to --kernel chees and mclmc, not nuts"),
+        (["--num-starts", "1"], "--num-starts applies to --kernel chees and mclmc, not nuts"),
         (["--num-train", "1213"], "--num-train 1213 exceeds the 1212 rows"),
         (["--num-warmup", "-1"], "integer >= 0"),
         (["--num-draws", "0"], "integer >= 1"),
@@ -391,6 +539,38 @@ def test_mcmc_interrupted_before_a_draw_writes_nothing(
 def test_mcmc_bad_arguments(args, message, tmp_path, monkeypatch, capsys, one_error_line):
     monkeypatch.chdir(tmp_path)
     assert main(["fit", *TINY_MCMC, *args]) == 2
+    assert message in one_error_line(capsys)
+    assert _listing(tmp_path) == set()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        # the library's ValueError, on one line
+        (["--num-chains", "3"], "num_chains must be a multiple of num_starts"),
+        (["--init", "map"], "init='map' starts every chain from one MAP fit"),
+        # refused by the CLI: the option does not apply to the kernel
+        (["--jit-compile"], "--jit-compile applies to --kernel nuts and hmc, not chees"),
+        (["--no-jit-compile"], "--jit-compile applies to --kernel nuts and hmc, not chees"),
+        (["--max-tree-depth", "4"], "--max-tree-depth applies to --kernel nuts, not chees"),
+        (
+            ["--kernel", "mclmc", "--target-accept-prob", "0.7"],
+            "--target-accept-prob applies to --kernel nuts, hmc and chees, not mclmc",
+        ),
+        (
+            ["--kernel", "mclmc", "--trajectory-length", "1"],
+            "--trajectory-length applies to --kernel hmc and chees, not mclmc",
+        ),
+        (["--kernel", "nuts", "--num-starts", "2"], "--num-starts applies to --kernel chees"),
+        (["--init", "best"], "invalid choice: 'best'"),
+        (["--num-starts", "0"], "integer >= 1"),
+        (["--map-steps", "-1"], "integer >= 0"),
+    ],
+)
+def test_many_chain_bad_arguments(args, message, tmp_path, monkeypatch, capsys, one_error_line):
+    """TINY_CHEES has 4 chains from 2 starts: the ensemble init of the preset."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["fit", *TINY_CHEES, *args]) == 2
     assert message in one_error_line(capsys)
     assert _listing(tmp_path) == set()
 

@@ -385,15 +385,19 @@ def test_seq2seq_forecasting(tmp_path, monkeypatch):
 
 
 @pytest.mark.filterwarnings("ignore:num_warmup=2 is short")
-def test_mcmc_preset_fits_a_training_split_below_its_200_rows(tmp_path):
+def test_mcmc_preset_fits_every_training_row_of_a_forecasting_split(tmp_path):
+    """The preset (ChEES from MAP-ensemble starts) on the whole training split; its model sizes
+    cut to toy ones here."""
     pytest.importorskip("statsmodels")
     out = tmp_path / "run"
-    args = ["--inference", "mcmc", "--num-chains", "1", "--num-warmup", "2", "--num-draws", "2"]
-    args += ["--max-tree-depth", "2", "--no-jit-compile", "--dataset", "macrodata"]
-    args += ["--no-progress"]
+    args = ["--inference", "mcmc", "--num-chains", "2", "--num-starts", "2", "--num-warmup", "2"]
+    args += ["--num-draws", "2", "--map-steps", "5", "--dataset", "macrodata", "--no-progress"]
+    args += ["--d-model", "8", "--num-heads", "2", "--d-ff", "16"]
     assert main(["fit", "--out", str(out), *args]) == 0
     record = _record(out)
-    assert (record["num_train"], record["num_samples"]) == (128, 2)  # the preset asks for 200
+    assert (record["num_train"], record["num_samples"]) == (128, 4)  # every row; 2 x 2 draws
+    assert (record["kernel"], record["init"], record["num_starts"]) == ("chees", "ensemble", 2)
+    _finite(record, ("rmse", "crps"))
 
 
 # -- classification beyond digits, and options per task -------------------------------------

@@ -24,11 +24,20 @@ and predictive draws only):
   logits; ``kl_weight`` 0.01 as in BENCHMARKS.md, the exact ELBO under-fits);
 - ``map``: ``fit_map``; ``mc-dropout``: ``fit_mc_dropout`` (the model's dropout 0.1 kept on at
   prediction); ``ensemble``: ``fit_ensemble`` with 5 MAP members;
-- ``nuts``: ``fit_mcmc(kernel="nuts")`` of the small fully Bayesian model of ``probtransformer
-  fit --inference mcmc`` (``cli.mcmc_preset``: d_model 8, 2 heads, 1 layer, d_ff 16, every part
-  latent, at most 2**6 - 1 leapfrog steps per transition, log density JIT-traced) on at most 200
-  training rows (a stratified subsample, fixed by the data seed), one chain of 100 warm-up +
-  100 kept transitions.
+- ``nuts``: ``fit_mcmc(kernel="nuts")`` of a small fully Bayesian model (``NUTS_MODEL``, pinned:
+  the preset of ``probtransformer fit --inference mcmc`` when these rows were measured; d_model
+  8, 2 heads, 1 layer, d_ff 16, every part latent, at most 2**6 - 1 leapfrog steps per
+  transition, log density JIT-traced) on at most 200 training rows (a stratified subsample,
+  fixed by the data seed), one chain of 100 warm-up + 100 kept transitions;
+- ``chees``: ``fit_mcmc(kernel="chees", init="ensemble")`` (ChEES-HMC, Hoffman, Radul &
+  Sountsov 2021, K chains through the model's draw dim) of ``MODEL`` with every part latent
+  and dropout 0 (``CHEES_MODEL``) on the whole training split: 10 chains from 5 MAP starts
+  (superchains of 2 chains, for nested R-hat), the starts' MAP fits at most 1,000 Adam steps,
+  at most 60 warm-up + 20 kept transitions per chain. Its fit may take ``CHEES_COST_RATIO``
+  (5) x the ensemble's fit seconds of the same data set and seed, measured in the same process
+  (``RUN_ORDER`` runs the ensemble first; without that row, a timed ensemble pilot estimates
+  them); ``plan_chees`` cuts the MAP steps and transitions from timed K-chain gradients (see
+  Budget).
 
 Every other method fits the same ``SequenceClassifier`` (``MODEL``: d_model 32, 4 heads, 1
 layer, d_ff 64, dropout 0.1; latent attention projections, logit scales and output head, the
@@ -49,25 +58,39 @@ predictive entropy (``metrics.aurc``; lower is better). OOD AUROC: the test rows
 held-out row, scored by the total predictive entropy and by its epistemic part (the mutual
 information between label and parameters; left blank for MAP, whose single draw has none).
 ``fit_seconds`` is the wall time of the fit call (NUTS: warm-up and sampling, JIT tracing
-included). Each row also records the steps or transitions actually run, sizes, the model
-config, the fit settings and, for NUTS, the sampler's divergences, tree depths and step size.
+included; ChEES: MAP starts, warm-up and sampling). Each row also records the steps or
+transitions actually run, sizes, the model config, the fit settings and, for NUTS, the
+sampler's divergences, tree depths and step size; for ChEES, K, M, the chain-gradients, the
+divergences, the mean acceptance, the adapted step size and trajectory length, the mean
+leapfrog steps per transition, the nested R-hat of the log density (``lp``; Margossian et al.
+2024, arviz-stats, superchains = starts) and its fit seconds against the ensemble's.
 
 Budget: each row keeps its fit to ``FIT_SHARE`` of ``ctx.budget_s`` (runner default
 ``BUDGET_S``). Optimised fits time a ``PILOT_STEPS``-step pilot of the same fit (one member for
 the ensemble; after a one-step fit that absorbs the process's start-up costs) and cut the steps
 when the planned ones would not fit. NUTS times a pilot chain of ``PILOT_TRANSITIONS`` warm-up
 transitions and one draw, and cuts the kept draws (to ``MIN_NUTS_DRAWS`` at least) when every
-transition at the depth cap would not fit. ``budget_cut`` marks such rows; the pilots' set-up
-and tracing costs count as step cost, on the safe side.
+transition at the depth cap would not fit. ChEES plans ``CHEES_PLAN_SHARE`` of its allowance
+(the trajectory length adapts during warm-up, so the leapfrog steps per transition,
+``CHEES_STEPS_PER_TRANSITION``, are a guess): the MAP starts at most ``CHEES_MAP_SHARE`` of it,
+the transitions the rest at the timed K-chain gradient seconds. ``budget_cut`` marks such rows;
+the pilots' set-up and tracing costs count as step cost, on the safe side.
 
-Run (about 40 minutes on 2 unloaded CPU cores, one torch thread; ``--quick``: digits and
-ArrowHead, seed 0, 5 steps, 3 + 3 NUTS transitions on 40 rows, about 20 s)::
+Run (about 40 minutes on 2 unloaded CPU cores, one torch thread, without ChEES, whose nine
+rows may take 5x the ensemble's fit seconds each: up to about another hour; ``--quick``: digits
+and ArrowHead, seed 0, 5 steps, 3 + 3 NUTS transitions on 40 rows, 4 ChEES chains of 3 + 3
+transitions, about 30 s)::
 
     python -m benchmarks.run --only quality
+
+ChEES and the ensemble alone, measured together (the ensemble first, ``RUN_ORDER``)::
+
+    python -m benchmarks.run --only quality/digits/ensemble quality/digits/chees --force
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 import time
@@ -77,6 +100,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from arviz_stats.base import array_stats
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter
 from sklearn.model_selection import train_test_split
@@ -85,7 +109,7 @@ from benchmarks._pyro_gradients import count_gradients
 from benchmarks._suite import Context, budgeted_steps, fmt, mean_spread
 from benchmarks.studies.task_families import _patch
 from probtransformer import datasets, metrics, priors
-from probtransformer.cli import mcmc_preset
+from probtransformer.block import BAYESIAN_PARTS
 from probtransformer.datasets import SequenceData
 from probtransformer.inference import (
     Posterior,
@@ -95,18 +119,24 @@ from probtransformer.inference import (
     fit_mcmc,
     fit_svi,
 )
+from probtransformer.inference.many_chains import MAP_BATCH_SIZE
+from probtransformer.inference.vectorized import VectorizedDensity
 from probtransformer.models import SequenceClassifier
 
 NAME = "quality"
-TITLE = "Uncertainty quality: SVI and NUTS against MAP, MC dropout and deep ensembles"
+TITLE = "Uncertainty quality: SVI, NUTS and ChEES against MAP, MC dropout and deep ensembles"
 BUDGET_S = 300.0
 
 SEEDS = (0, 1, 2)
-BAYESIAN = ("svi-meanfield", "svi-lowrank", "svi-stochastic", "nuts")
+BAYESIAN = ("svi-meanfield", "svi-lowrank", "svi-stochastic", "nuts", "chees")
 CHEAP = ("map", "mc-dropout", "ensemble")
 METHODS = BAYESIAN + CHEAP
-#: The model of every method but NUTS.
+#: The order rows run in: ChEES after the ensemble, whose fit seconds set its budget.
+RUN_ORDER = tuple(m for m in METHODS if m != "chees") + ("chees",)
+#: The model of every method but NUTS and ChEES.
 MODEL = dict(d_model=32, num_heads=4, num_layers=1, d_ff=64, dropout=0.1)
+#: ChEES's model: ``MODEL`` with every part latent and no dropout (MCMC runs in eval mode).
+CHEES_MODEL = {**MODEL, "dropout": 0.0, "bayesian": BAYESIAN_PARTS}
 STOCHASTIC_KL_WEIGHT = 0.01
 ENSEMBLE_MEMBERS = 5
 #: Optimised fits: the function and its method-specific settings.
@@ -118,17 +148,31 @@ FITS = {
     "mc-dropout": (fit_mc_dropout, {}),
     "ensemble": (fit_ensemble, {"n_members": ENSEMBLE_MEMBERS}),
 }
-_PRESET = mcmc_preset()
-#: The small fully Bayesian model of ``probtransformer fit --inference mcmc``.
-NUTS_MODEL = {
-    k: _PRESET[k] for k in ("d_model", "num_heads", "num_layers", "d_ff", "dropout", "bayesian")
-}
+#: NUTS's small fully Bayesian model (780 latent scalars on digits), pinned here: it was
+#: ``probtransformer fit --inference mcmc``'s preset when the NUTS rows were measured.
+NUTS_MODEL = dict(
+    d_model=8, num_heads=2, num_layers=1, d_ff=16, dropout=0.0, bayesian=BAYESIAN_PARTS
+)
+NUTS_TRAIN = 200  # training rows of NUTS at most
+NUTS_MAX_TREE_DEPTH = 6  # 2**6 - 1 leapfrog steps per transition at most
 MAX_TOKENS = 50  # longer equal-length series are cut into patches (task_families)
 ECE_BINS = 15
 FIT_SHARE = 0.8  # of ctx.budget_s for the fit; the rest for the pilot and the predictions
 PILOT_STEPS = 50
 PILOT_TRANSITIONS = 10  # warm-up transitions of the NUTS pilot chain (plus one draw)
 MIN_NUTS_DRAWS = 10  # kept draws however tight the budget
+#: ChEES's fit may take this many times the ensemble's fit seconds (the issue's goal) ...
+CHEES_COST_RATIO = 5.0
+#: ... of which it plans this share: the trajectory length adapts during warm-up, so the
+#: planned leapfrog steps are a guess (``CHEES_STEPS_PER_TRANSITION``).
+CHEES_PLAN_SHARE = 0.6
+#: Leapfrog steps per transition assumed when planning: the mean over the 44 warm-up (24 steps)
+#: and 14 kept (10 steps) transitions of a sizing run on digits, seed 0 (its K-chain gradients
+#: also took 1.4x the pilot's seconds on the loaded machine: hence ``CHEES_PLAN_SHARE``).
+CHEES_STEPS_PER_TRANSITION = 21
+CHEES_MAP_SHARE = 0.4  # of the planned seconds for the MAP starts at most
+MIN_CHEES_WARMUP = 10  # warm-up transitions however tight the budget
+MIN_CHEES_DRAWS = 5  # kept draws per chain however tight the budget
 
 
 @dataclass(frozen=True)
@@ -171,6 +215,11 @@ class Sizes:
         nuts_warmup: NUTS warm-up transitions.
         nuts_draws: NUTS kept transitions (its predictive draws).
         max_tree_depth: NUTS doublings per transition at most.
+        chees_chains: ChEES chains K.
+        chees_starts: ChEES starts M (MAP fits; superchains of K / M chains).
+        chees_map_steps: Adam steps of the MAP starts at most.
+        chees_warmup: ChEES warm-up transitions at most.
+        chees_draws: ChEES kept draws per chain at most.
     """
 
     datasets: tuple[str, ...] = tuple(SETUPS)
@@ -178,10 +227,15 @@ class Sizes:
     num_steps: int | None = None
     draws: int = 100
     rows: int | None = None
-    nuts_train: int = _PRESET["num_train"]
+    nuts_train: int = NUTS_TRAIN
     nuts_warmup: int = 100
     nuts_draws: int = 100
-    max_tree_depth: int = _PRESET["max_tree_depth"]
+    max_tree_depth: int = NUTS_MAX_TREE_DEPTH
+    chees_chains: int = 10
+    chees_starts: int = 5
+    chees_map_steps: int = 1000
+    chees_warmup: int = 60
+    chees_draws: int = 20
 
 
 FULL = Sizes()
@@ -195,6 +249,11 @@ QUICK = Sizes(
     nuts_warmup=3,
     nuts_draws=3,
     max_tree_depth=3,
+    chees_chains=4,
+    chees_starts=2,
+    chees_map_steps=5,
+    chees_warmup=3,
+    chees_draws=3,
 )
 
 #: Table columns: row key, header, decimals, True if higher is better.
@@ -225,9 +284,10 @@ class Splits:
 
 
 def row_keys(ctx: Context) -> list[str]:
-    """``dataset/method/seed`` for every data set, method and seed (quick: fewer, see QUICK)."""
+    """``dataset/method/seed`` for every data set, method (``RUN_ORDER``) and seed (quick:
+    fewer, see QUICK)."""
     sizes = QUICK if ctx.quick else FULL
-    return [f"{d}/{m}/{s}" for d in sizes.datasets for m in METHODS for s in sizes.seeds]
+    return [f"{d}/{m}/{s}" for d in sizes.datasets for m in RUN_ORDER for s in sizes.seeds]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -261,9 +321,9 @@ def load_splits(name: str, seed: int, rows: int | None) -> Splits:
 
 
 def classifier(method: str, train: SequenceData, num_classes: int) -> SequenceClassifier:
-    """The model ``method`` fits: ``NUTS_MODEL`` for NUTS, otherwise ``MODEL`` (with stochastic
-    attention for ``svi-stochastic``)."""
-    options = dict(NUTS_MODEL) if method == "nuts" else dict(MODEL)
+    """The model ``method`` fits: ``NUTS_MODEL`` for NUTS, ``CHEES_MODEL`` for ChEES, otherwise
+    ``MODEL`` (with stochastic attention for ``svi-stochastic``)."""
+    options = dict({"nuts": NUTS_MODEL, "chees": CHEES_MODEL}.get(method, MODEL))
     if method == "svi-stochastic":
         options["attention_prior"] = (
             priors.LogitScalePrior(),
@@ -277,12 +337,9 @@ def classifier(method: str, train: SequenceData, num_classes: int) -> SequenceCl
 # ---------------------------------------------------------------------------------------------
 
 
-def fit_optimised(
-    method: str, model, train: SequenceData, setup: Setup, sizes: Sizes, seed: int, ctx: Context
-) -> tuple[Posterior, dict]:
-    """SVI, MAP, MC dropout or the ensemble; steps cut by a timed pilot to fit the budget."""
-    fit, specific = FITS[method]
-    settings = dict(
+def _optimised_settings(train: SequenceData, setup: Setup, seed: int, ctx: Context) -> dict:
+    """``fit_svi``/``fit_map``/... keyword arguments shared by the optimised methods."""
+    return dict(
         batch_size=setup.batch_size or len(train),
         lr=setup.lr,
         lr_decay=setup.lr_decay,
@@ -290,16 +347,31 @@ def fit_optimised(
         seed=seed,
         progress=False,
     )
+
+
+def pilot_step_seconds(method: str, model, train: SequenceData, settings: dict) -> float:
+    """Seconds per step of ``method``'s whole fit (all ensemble members) from a timed
+    ``PILOT_STEPS``-step fit (one member), after a one-step fit that absorbs the process's
+    start-up costs; the pilot's per-fit set-up counts as step cost."""
+    fit, specific = FITS[method]
+    members = specific.get("n_members", 1)
+    pilot = {**specific, "n_members": 1} if method == "ensemble" else specific
+    fit(model, train, num_steps=1, **pilot, **settings)
+    start = time.perf_counter()
+    fit(model, train, num_steps=PILOT_STEPS, **pilot, **settings)
+    return members * (time.perf_counter() - start) / PILOT_STEPS
+
+
+def fit_optimised(
+    method: str, model, train: SequenceData, setup: Setup, sizes: Sizes, seed: int, ctx: Context
+) -> tuple[Posterior, dict]:
+    """SVI, MAP, MC dropout or the ensemble; steps cut by a timed pilot to fit the budget."""
+    fit, specific = FITS[method]
+    settings = _optimised_settings(train, setup, seed, ctx)
     planned = sizes.num_steps or setup.num_steps
     num_steps, step_seconds = planned, None
     if planned > PILOT_STEPS:
-        members = specific.get("n_members", 1)
-        pilot = {**specific, "n_members": 1} if method == "ensemble" else specific
-        fit(model, train, num_steps=1, **pilot, **settings)  # absorbs one-off start-up costs
-        start = time.perf_counter()
-        fit(model, train, num_steps=PILOT_STEPS, **pilot, **settings)
-        # seconds per step of the whole fit (all members); per-fit set-up included
-        step_seconds = members * (time.perf_counter() - start) / PILOT_STEPS
+        step_seconds = pilot_step_seconds(method, model, train, settings)
         num_steps = budgeted_steps(
             step_seconds, FIT_SHARE * ctx.budget_s, max_steps=planned, min_steps=1
         )
@@ -368,6 +440,132 @@ def fit_nuts(
     }
 
 
+def _chees_gradient_seconds(
+    model, train: SequenceData, chains: int, starts: int
+) -> tuple[float, float]:
+    """Seconds of one ``chains``-chain gradient of the full-data log density and of one
+    ``starts``-start gradient on ``MAP_BATCH_SIZE`` rows (the MAP starts' step), each timed
+    after one untimed call."""
+    density = VectorizedDensity(copy.deepcopy(model).eval(), train.x, train.y, train.mask)
+    rows = torch.arange(min(MAP_BATCH_SIZE, len(train)))
+    timed = []
+    for z, batch in (
+        (torch.zeros(chains, density.dim), None),
+        (torch.zeros(starts, density.dim), rows),
+    ):
+        density.log_density(z, rows=batch, jacobian=batch is None)
+        start = time.perf_counter()
+        density.log_density(z, rows=batch, jacobian=batch is None)
+        timed.append(time.perf_counter() - start)
+    return timed[0], timed[1]
+
+
+def plan_chees(
+    budget_s: float, gradient_seconds: float, map_step_seconds: float, sizes: Sizes
+) -> dict:
+    """MAP steps, warm-up transitions and kept draws per chain that fit ``budget_s``.
+
+    A transition is assumed to take ``CHEES_STEPS_PER_TRANSITION`` leapfrog steps of
+    ``gradient_seconds`` each (one K-chain gradient of the full-data log density). The MAP
+    starts (``map_step_seconds`` per step) get at most ``CHEES_MAP_SHARE`` of the budget, less
+    when the fewest transitions (``MIN_CHEES_WARMUP`` + ``MIN_CHEES_DRAWS``) would not fit
+    beside them; the transitions the rest, cut (warm-up and draws in proportion) to no fewer
+    than those. A budget too small for the fewest transitions gets them and one MAP step.
+
+    Args:
+        budget_s: seconds the fit should take.
+        gradient_seconds: seconds of one K-chain full-data gradient.
+        map_step_seconds: seconds of one step of the M MAP starts.
+        sizes: the most steps, warm-up transitions and draws (``Sizes.chees_*``).
+
+    Returns:
+        ``{"map_steps", "num_warmup", "num_samples"}`` for ``fit_mcmc``.
+    """
+    planned = sizes.chees_warmup + sizes.chees_draws
+    min_warmup = min(MIN_CHEES_WARMUP, sizes.chees_warmup)
+    min_draws = min(MIN_CHEES_DRAWS, sizes.chees_draws)
+    transition_seconds = CHEES_STEPS_PER_TRANSITION * gradient_seconds
+    map_budget = min(
+        CHEES_MAP_SHARE * budget_s, budget_s - (min_warmup + min_draws) * transition_seconds
+    )
+    map_steps = budgeted_steps(
+        map_step_seconds, max(map_budget, 0.0), max_steps=sizes.chees_map_steps, min_steps=1
+    )
+    transitions = budgeted_steps(
+        transition_seconds,
+        budget_s - map_steps * map_step_seconds,
+        max_steps=planned,
+        min_steps=min_warmup + min_draws,
+    )
+    warmup = max(min_warmup, round(transitions * sizes.chees_warmup / planned))
+    warmup = min(warmup, transitions - min_draws)
+    return {"map_steps": map_steps, "num_warmup": warmup, "num_samples": transitions - warmup}
+
+
+def fit_chees(
+    model,
+    train: SequenceData,
+    ensemble_seconds: float,
+    sizes: Sizes,
+    seed: int,
+    ctx: Context,
+) -> tuple[Posterior, dict]:
+    """ChEES-HMC (``fit_mcmc(kernel="chees", init="ensemble")``) sized to
+    ``CHEES_PLAN_SHARE`` x ``CHEES_COST_RATIO`` x ``ensemble_seconds`` (``plan_chees``, from
+    timed gradients); the row records whether the fit kept to ``CHEES_COST_RATIO`` x."""
+    chains, starts = sizes.chees_chains, sizes.chees_starts
+    gradient_seconds, map_step_seconds = _chees_gradient_seconds(model, train, chains, starts)
+    budget_s = CHEES_PLAN_SHARE * CHEES_COST_RATIO * ensemble_seconds
+    plan = plan_chees(budget_s, gradient_seconds, map_step_seconds, sizes)
+    settings = dict(
+        kernel="chees",
+        num_chains=chains,
+        num_starts=starts,
+        init="ensemble",
+        **plan,
+        device=ctx.device,
+        seed=seed,
+        progress=False,
+    )
+    with warnings.catch_warnings():  # budget-cut and quick runs warm up briefly, on purpose
+        warnings.filterwarnings("ignore", message="num_warmup=.* is short")
+        start = time.perf_counter()
+        post = fit_mcmc(model, train, **settings)
+    fit_seconds = time.perf_counter() - start
+    record = post.record
+    stats = {k: np.asarray(v) for k, v in record["sample_stats"].items()}  # (chain, draw)
+    superchain = np.asarray(record["superchain"])
+    kept_steps = stats["n_steps"][0]  # shared by the chains
+    warmup_steps = record["chain_gradients"] / chains - kept_steps.sum()
+    return post, {
+        "fit_seconds": fit_seconds,
+        "ensemble_seconds": ensemble_seconds,
+        "ensemble_ratio": fit_seconds / ensemble_seconds,
+        "within_cost_ratio": fit_seconds <= CHEES_COST_RATIO * ensemble_seconds,
+        "planned_seconds": budget_s,
+        "pilot_gradient_seconds": gradient_seconds,
+        "pilot_map_step_seconds": map_step_seconds,
+        "num_chains": chains,
+        "num_starts": starts,
+        "num_draws": plan["num_samples"],
+        "planned_draws": sizes.chees_draws,
+        "budget_cut": plan["num_samples"] < sizes.chees_draws
+        or plan["map_steps"] < sizes.chees_map_steps,
+        "chain_gradients": record["chain_gradients"],
+        "start_seconds": record["start_seconds"],
+        "warmup_seconds": record["warmup_seconds"],
+        "sampling_seconds": record["sampling_seconds"],
+        "divergences": int(stats["diverging"].sum()),
+        "mean_acceptance": float(stats["acceptance_rate"].mean()),
+        "adapted_step_size": record["adapted_step_size"],
+        "adapted_trajectory_length": record["adapted_trajectory_length"],
+        "mean_leapfrog_steps_warmup": float(warmup_steps / max(plan["num_warmup"], 1)),
+        "mean_leapfrog_steps_sampling": float(kept_steps.mean()),
+        "nested_rhat_lp": float(array_stats.rhat_nested(stats["lp"], superchain)),
+        "settings": settings,
+    }
+
+
 # ---------------------------------------------------------------------------------------------
 # rows
 # ---------------------------------------------------------------------------------------------
@@ -396,6 +594,11 @@ def evaluate(
     }
 
 
+#: ``(dataset, fit seed, sizes): seconds`` of the ensemble fits run in this process, ChEES's
+#: budget (``RUN_ORDER`` runs them first); a ChEES row without one times an ensemble pilot.
+_ENSEMBLE_SECONDS: dict[tuple[str, int, Sizes], float] = {}
+
+
 def run_row(key: str, ctx: Context) -> dict:
     """Fit one method on one data set with one seed and score it (see the module docstring)."""
     name, method, seed = key.split("/")
@@ -406,9 +609,22 @@ def run_row(key: str, ctx: Context) -> dict:
     model = classifier(method, train, len(data.class_names))
     if method == "nuts":
         post, fit = fit_nuts(model, train, sizes, fit_seed, ctx)
+    elif method == "chees":
+        ensemble_seconds = _ENSEMBLE_SECONDS.get((name, fit_seed, sizes))
+        basis = "measured in this process" if ensemble_seconds else "pilot"
+        if ensemble_seconds is None:
+            ensemble = classifier("ensemble", train, len(data.class_names))
+            settings = _optimised_settings(train, SETUPS[name], fit_seed, ctx)
+            steps = sizes.num_steps or SETUPS[name].num_steps
+            ensemble_seconds = steps * pilot_step_seconds("ensemble", ensemble, train, settings)
+        post, fit = fit_chees(model, train, ensemble_seconds, sizes, fit_seed, ctx)
+        fit["ensemble_seconds_basis"] = basis
     else:
         post, fit = fit_optimised(method, model, train, SETUPS[name], sizes, fit_seed, ctx)
-    draws = None if method in ("nuts", "ensemble") else sizes.draws  # None: every draw
+        if method == "ensemble":
+            _ENSEMBLE_SECONDS[name, fit_seed, sizes] = fit["fit_seconds"]
+    # None: every draw; ChEES: each chain thinned evenly to ceil(draws / K) (all when fewer)
+    draws = None if method in ("nuts", "ensemble") else sizes.draws
     start = time.perf_counter()
     scores = evaluate(post, data.test, data.ood, draws, fit_seed)
     return {
@@ -470,7 +686,7 @@ def _best(methods: dict[str, list[dict]], key: str, higher: bool, names=METHODS)
 
 def _setting_line(name: str, methods: dict[str, list[dict]]) -> str:
     """What the data set's rows ran: sizes, held-out classes, fit settings."""
-    optimised = next((g[0] for m, g in methods.items() if m != "nuts"), None)
+    optimised = next((g[0] for m, g in methods.items() if m not in ("nuts", "chees")), None)
     any_row = next(iter(methods.values()))[0]
     held_out = any_row["holdout_classes"]
     parts = [
@@ -490,6 +706,19 @@ def _setting_line(name: str, methods: dict[str, list[dict]]) -> str:
         parts.append(
             f"NUTS: {n['num_train']} training rows, 1 chain of {n['settings']['num_warmup']} + "
             f"{n['planned_draws']} transitions, tree depth <= {n['settings']['max_tree_depth']}"
+        )
+    if "chees" in methods:
+        group = methods["chees"]
+        c = group[0]["settings"]
+
+        def span(key: str) -> str:
+            low, high = (f(r["settings"][key] for r in group) for f in (min, max))
+            return f"{low}" if low == high else f"{low}-{high}"
+
+        parts.append(
+            f"ChEES: {group[0]['num_train']:,} training rows, {c['num_chains']} chains from "
+            f"{c['num_starts']} MAP starts (map_steps {span('map_steps')}), {span('num_warmup')} + "
+            f"{span('num_samples')} transitions per chain"
         )
     return "; ".join(parts) + "."
 
@@ -554,8 +783,8 @@ def _verdict(groups: dict[str, dict[str, list[dict]]]) -> str | None:
         for side in ahead
     ]
     return (
-        "- **Bayesian vs cheap.** The best Bayesian method (SVI, NUTS) against the best cheap "
-        "one (MAP, MC dropout, ensemble) on NLL, ECE, Brier, OOD AUROC by entropy and AURC, "
+        "- **Bayesian vs cheap.** The best Bayesian method (SVI, NUTS, ChEES) against the best "
+        "cheap one (MAP, MC dropout, ensemble) on NLL, ECE, Brier, OOD AUROC by entropy and AURC, "
         f"{compared} comparisons (data set x metric; clearly: by more than the larger sd over "
         f"seeds of the two): {'; '.join(parts)}."
     )
@@ -624,6 +853,9 @@ def _reading(groups: dict[str, dict[str, list[dict]]]) -> list[str]:
             + (f"; test accuracy against MAP: {'; '.join(gaps)}" if gaps else "")
             + "."
         )
+    chees = _chees_reading(groups)
+    if chees:
+        lines.append(chees)
     cut = [
         f"{row['dataset']}/{row['method']}/{row['seed']}"
         for methods in groups.values()
@@ -638,6 +870,53 @@ def _reading(groups: dict[str, dict[str, list[dict]]]) -> list[str]:
     return lines
 
 
+def _chees_reading(groups: dict[str, dict[str, list[dict]]]) -> str | None:
+    """ChEES against the ensemble on the seeds both have, the issue's goal per data set: mean
+    NLL <= the ensemble's + tolerance, mean OOD AUROC (entropy) >= the ensemble's - tolerance
+    (tolerance: the larger sd over seeds of the two, at least 0.005), every seed's fit within
+    ``CHEES_COST_RATIO`` x the ensemble's fit seconds of the same process."""
+    verdicts = []
+    for name, methods in groups.items():
+        seeds = {r["seed"] for r in methods.get("chees", [])}
+        seeds &= {r["seed"] for r in methods.get("ensemble", [])}
+        if not seeds:
+            continue
+        new = [r for r in methods["chees"] if r["seed"] in seeds]
+        ens = [r for r in methods["ensemble"] if r["seed"] in seeds]
+        misses = []
+        for key, title, sign in (("nll", "NLL", 1), ("auroc_entropy", "OOD AUROC", -1)):
+            tolerance = max(_sd(new, key), _sd(ens, key), 0.005)
+            a, b = _mean(new, key), _mean(ens, key)
+            if sign * (a - b) > tolerance:
+                misses.append(f"{title} {fmt(a)} vs {fmt(b)} (tolerance {fmt(tolerance)})")
+        ratio = max(row["ensemble_ratio"] for row in new)
+        if ratio > CHEES_COST_RATIO:
+            misses.append(f"fit up to {ratio:.1f}x the ensemble's seconds")
+        verdicts.append(
+            f"{name} (seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, sorted(seeds)))}): "
+            + ("met" if not misses else "missed: " + ", ".join(misses))
+            + f" (fit {ratio:.1f}x the ensemble's at most)"
+        )
+    rows = [row for methods in groups.values() for row in methods.get("chees", [])]
+    if not rows:
+        return None
+    return (
+        "- **ChEES against the ensemble** (the goal: mean NLL within, and mean OOD AUROC by "
+        "entropy within, the larger seed sd of the two (at least 0.005) of the ensemble's, at "
+        f"<= {CHEES_COST_RATIO:g}x its fit seconds): "
+        + ("; ".join(verdicts) if verdicts else "no ensemble rows to compare")
+        + f". Over {len(rows)} rows: {sum(r['divergences'] for r in rows)} divergent "
+        f"transitions, mean acceptance {np.mean([r['mean_acceptance'] for r in rows]):.2f}, "
+        f"adapted step size {min(r['adapted_step_size'] for r in rows):.2g}-"
+        f"{max(r['adapted_step_size'] for r in rows):.2g}, "
+        f"{min(r['mean_leapfrog_steps_sampling'] for r in rows):.0f}-"
+        f"{max(r['mean_leapfrog_steps_sampling'] for r in rows):.0f} leapfrog steps per kept "
+        "transition, nested R-hat of the log density "
+        f"{min(r['nested_rhat_lp'] for r in rows):.2f}-"
+        f"{max(r['nested_rhat_lp'] for r in rows):.2f}."
+    )
+
+
 def markdown(rows: dict[str, dict], ctx: Context) -> str:
     """One table per data set (mean ± sd over seeds, best mean in bold) and the reading."""
     groups = _groups(rows, ctx)
@@ -650,12 +929,14 @@ def markdown(rows: dict[str, dict], ctx: Context) -> str:
         "curve, test rows accepted by increasing predictive entropy (lower is better); OOD "
         "AUROC: test rows against held-out rows, scored by total predictive entropy or its "
         f"epistemic part (mutual information). Predictions from {sizes.draws} draws (ensemble: "
-        f"{ENSEMBLE_MEMBERS} members; NUTS: its kept draws; MAP: one). Every method but NUTS "
-        "fits the same classifier "
+        f"{ENSEMBLE_MEMBERS} members; NUTS: its kept draws; ChEES: its kept draws, each chain "
+        f"thinned evenly to {sizes.draws} / K when there are more; MAP: one). Every method but "
+        "NUTS fits the same classifier "
         f"(d_model {MODEL['d_model']}, {MODEL['num_heads']} heads, {MODEL['num_layers']} layer, "
         f"d_ff {MODEL['d_ff']}, dropout {MODEL['dropout']}); `svi-stochastic` adds stochastic "
-        f"attention (kl_weight {STOCHASTIC_KL_WEIGHT}). `benchmarks/quality.py` documents the "
-        "details.",
+        f"attention (kl_weight {STOCHASTIC_KL_WEIGHT}); ChEES makes every part latent, dropout "
+        f"0, and may take {CHEES_COST_RATIO:g}x the ensemble's fit seconds. "
+        "`benchmarks/quality.py` documents the details.",
         "",
     ]
     for name, methods in groups.items():
@@ -680,7 +961,7 @@ def plot(rows: dict[str, dict], ctx: Context) -> list[Path]:
         return []
     fig = Figure(figsize=(4 * len(groups), 3.8), layout="constrained")
     axes = fig.subplots(1, len(groups), squeeze=False)[0]
-    markers = dict(zip(METHODS, "os^DvPX", strict=True))
+    markers = dict(zip(METHODS, "os^D*vPX", strict=True))
     for ax, (name, methods) in zip(axes, groups.items(), strict=True):
         for method, group in methods.items():
             ax.errorbar(

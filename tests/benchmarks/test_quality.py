@@ -1,0 +1,106 @@
+"""The quality benchmark's ChEES sizing and its reading against the ensemble (no fits run)."""
+
+import pytest
+
+from benchmarks import quality
+from benchmarks.quality import FULL, QUICK, Sizes, plan_chees
+from probtransformer.block import BAYESIAN_PARTS
+
+
+def test_nuts_model_is_pinned_to_the_small_fully_bayesian_classifier():
+    assert quality.NUTS_MODEL == dict(
+        d_model=8, num_heads=2, num_layers=1, d_ff=16, dropout=0.0, bayesian=BAYESIAN_PARTS
+    )
+    assert (FULL.nuts_train, FULL.max_tree_depth) == (200, 6)
+
+
+def test_chees_fits_the_ensembles_classifier_fully_bayesian_and_runs_after_it():
+    assert quality.CHEES_MODEL == {**quality.MODEL, "dropout": 0.0, "bayesian": BAYESIAN_PARTS}
+    order = quality.RUN_ORDER
+    assert sorted(order) == sorted(quality.METHODS)
+    assert order.index("chees") > order.index("ensemble")
+    assert FULL.chees_chains % FULL.chees_starts == 0
+    assert FULL.chees_chains // FULL.chees_starts >= 2  # superchains of 2+ chains: nested R-hat
+
+
+def planned_seconds(plan: dict, gradient_s: float, map_step_s: float) -> float:
+    transitions = plan["num_warmup"] + plan["num_samples"]
+    steps = quality.CHEES_STEPS_PER_TRANSITION
+    return plan["map_steps"] * map_step_s + transitions * steps * gradient_s
+
+
+@pytest.mark.parametrize("times_the_fewest", [1.01, 1.5, 3.0, 10.0])
+def test_plan_chees_keeps_to_the_budget_at_the_assumed_trajectory(times_the_fewest):
+    fewest = quality.MIN_CHEES_WARMUP + quality.MIN_CHEES_DRAWS
+    budget_s = times_the_fewest * fewest * quality.CHEES_STEPS_PER_TRANSITION * 0.4
+    plan = plan_chees(budget_s, gradient_seconds=0.4, map_step_seconds=0.05, sizes=FULL)
+    assert planned_seconds(plan, 0.4, 0.05) <= budget_s
+    assert 1 <= plan["map_steps"] and plan["map_steps"] * 0.05 <= quality.CHEES_MAP_SHARE * budget_s
+    assert plan["num_warmup"] >= quality.MIN_CHEES_WARMUP
+    assert plan["num_samples"] >= quality.MIN_CHEES_DRAWS
+
+
+def test_plan_chees_takes_the_planned_sizes_when_they_fit_and_the_minimums_when_nothing_does():
+    roomy = plan_chees(1e6, gradient_seconds=0.01, map_step_seconds=0.01, sizes=FULL)
+    assert roomy == {
+        "map_steps": FULL.chees_map_steps,
+        "num_warmup": FULL.chees_warmup,
+        "num_samples": FULL.chees_draws,
+    }
+    tight = plan_chees(1.0, gradient_seconds=10.0, map_step_seconds=10.0, sizes=FULL)
+    assert tight == {
+        "map_steps": 1,
+        "num_warmup": quality.MIN_CHEES_WARMUP,
+        "num_samples": quality.MIN_CHEES_DRAWS,
+    }
+    quick = plan_chees(1.0, gradient_seconds=10.0, map_step_seconds=10.0, sizes=QUICK)
+    assert (quick["num_warmup"], quick["num_samples"]) == (QUICK.chees_warmup, QUICK.chees_draws)
+
+
+def test_plan_chees_splits_a_cut_in_proportion_to_the_planned_warmup_and_draws():
+    sizes = Sizes(chees_warmup=60, chees_draws=20)
+    gradient_s, map_step_s = 2**-3, 2**-10  # exact in binary: 40 transitions exactly fit
+    budget_s = 40 * quality.CHEES_STEPS_PER_TRANSITION * gradient_s + map_step_s * 1000
+    plan = plan_chees(budget_s, gradient_s, map_step_seconds=map_step_s, sizes=sizes)
+    assert plan["map_steps"] == 1000
+    assert (plan["num_warmup"], plan["num_samples"]) == (30, 10)
+
+
+def row(method: str, seed: int, nll: float, auroc: float, ratio: float = 1.0) -> dict:
+    base = {"dataset": "digits", "method": method, "seed": seed, "nll": nll}
+    extra = {
+        "ensemble_ratio": ratio,
+        "divergences": 0,
+        "mean_acceptance": 0.7,
+        "adapted_step_size": 0.01,
+        "mean_leapfrog_steps_sampling": 12.0,
+        "nested_rhat_lp": 1.01,
+    }
+    return {**base, "auroc_entropy": auroc, **(extra if method == "chees" else {})}
+
+
+def test_the_chees_reading_applies_the_goals_tolerances_and_cost_ratio():
+    ensemble = [row("ensemble", s, 0.100, 0.90) for s in range(3)]
+    within = [row("chees", s, 0.104, 0.896, ratio=4.0) for s in range(3)]  # within 0.005
+    text = quality._chees_reading({"digits": {"chees": within, "ensemble": ensemble}})
+    assert "digits (seeds 0, 1, 2): met" in text
+    worse_nll = [row("chees", s, 0.106, 0.90) for s in range(3)]
+    text = quality._chees_reading({"digits": {"chees": worse_nll, "ensemble": ensemble}})
+    assert "missed: NLL 0.106 vs 0.100 (tolerance 0.005)" in text
+    spread = [row("chees", s, 0.106 + 0.01 * (s - 1), 0.90) for s in range(3)]  # sd 0.01
+    text = quality._chees_reading({"digits": {"chees": spread, "ensemble": ensemble}})
+    assert ": met" in text
+    slow = [row("chees", s, 0.100, 0.90, ratio=5.5) for s in range(3)]
+    text = quality._chees_reading({"digits": {"chees": slow, "ensemble": ensemble}})
+    assert "missed: fit up to 5.5x" in text
+    low_auroc = [row("chees", s, 0.100, 0.89) for s in range(3)]
+    text = quality._chees_reading({"digits": {"chees": low_auroc, "ensemble": ensemble}})
+    assert "missed: OOD AUROC 0.890 vs 0.900" in text
+
+
+def test_the_chees_reading_compares_only_the_seeds_both_methods_have():
+    ensemble = [row("ensemble", 0, 0.100, 0.90)] + [row("ensemble", s, 0.050, 0.99) for s in (1, 2)]
+    text = quality._chees_reading(
+        {"digits": {"chees": [row("chees", 0, 0.102, 0.90)], "ensemble": ensemble}}
+    )
+    assert "digits (seed 0): met" in text

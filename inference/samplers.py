@@ -31,6 +31,10 @@ import torch
 #: BlackJAX's default).
 CHEES_TARGET_ACCEPT = 0.651
 
+#: Chains whose mean acceptance probability over a mass-matrix window is below this are left
+#: out of its variance (they are stuck, not exploring).
+MOVING_ACCEPTANCE = 0.05
+
 #: An energy error above this many nats is a divergent transition (Stan, Pyro).
 MAX_ENERGY_ERROR = 1000.0
 
@@ -102,12 +106,13 @@ class DualAveraging:
 def warmup_windows(num_warmup: int) -> list[tuple[int, int]]:
     """``(start, end)`` transitions (1-based, start exclusive) of the mass-matrix windows:
     Stan's schedule (initial buffer 75, windows 25, 50, 100, ..., final buffer 50), scaled to
-    15% / 75% / 10% of a short warm-up; none below 20 transitions."""
+    15% / 65% / 20% of a short warm-up (the step size settles in the final buffer); none below
+    20 transitions."""
     if num_warmup < 20:
         return []
     start, end = 75, num_warmup - 50
     if start + 25 > end:
-        start, end = int(0.15 * num_warmup), int(0.9 * num_warmup)
+        start, end = int(0.15 * num_warmup), int(0.8 * num_warmup)
     windows, size = [], 25
     while start < end:
         stop = start + size
@@ -208,7 +213,8 @@ class ChEES:
         eps, direction = self.step_size, 0
         for _ in range(50):
             p = self.rng.normal(state.z.shape[1], state.z.dtype) / self.inv_mass.sqrt()
-            high = _harmonic_mean(self._trajectory(state, p, eps, 1)[0]) > 0.5
+            accept, log_accept, *_ = self._trajectory(state, p, eps, 1)
+            high = _harmonic_mean(accept, ~(log_accept > -MAX_ENERGY_ERROR)) > 0.5
             if direction == 0:
                 direction = 1 if high else -1
             elif (direction == 1) != high:
@@ -253,14 +259,15 @@ class ChEES:
         )
         if adapt:
             self._adapt(state, proposal, velocity, accept, diverging, jitter)
-            self._adapt_mass(new)
+            self._adapt_mass(new, accept)
             if self.t == self.num_warmup:
                 self.step_size = math.exp(self._da.log_x_avg)
         return new, Transition(accept, diverging, energy0, steps, eps)
 
     def _adapt(self, state, proposal, velocity, accept, diverging, jitter) -> None:
-        # the step size: dual averaging on the harmonic-mean acceptance (divergent chains: 0)
-        hm = _harmonic_mean(torch.where(diverging, torch.zeros_like(accept), accept))
+        # the step size: dual averaging on the harmonic-mean acceptance of the chains that did
+        # not diverge (as BlackJAX): one stuck chain would otherwise drive it to 0 for all
+        hm = _harmonic_mean(accept, diverging)
         self.step_size = math.exp(self._da.update(self.target_accept_prob - hm))
         # the trajectory length: Adam ascent of the ChEES criterion, acceptance-weighted
         ok = ~diverging & torch.isfinite(proposal.z).all(1) & torch.isfinite(velocity).all(1)
@@ -281,9 +288,11 @@ class ChEES:
         )
         self.log_T_avg = 0.9 * self.log_T_avg + 0.1 * self.log_T
 
-    def _adapt_mass(self, state: ChainState) -> None:
-        """Pool every chain's position over the current window; at its end, set the inverse
-        mass matrix to the regularised variance and restart the step-size adaptation."""
+    def _adapt_mass(self, state: ChainState, accept: torch.Tensor) -> None:
+        """Sum every chain's positions over the current window; at its end, set the inverse
+        mass matrix to the regularised variance pooled over the chains that moved (mean
+        acceptance >= ``MOVING_ACCEPTANCE``; every chain if fewer than two did), and restart
+        the step-size adaptation. A stuck chain would add its distance from the others."""
         if not self._windows:
             return
         start, end = self._windows[0]
@@ -291,13 +300,21 @@ class ChEES:
             return
         z = state.z.double()
         if self._sums is None:
-            self._sums = [torch.zeros_like(z[0]), torch.zeros_like(z[0]), 0]
-        self._sums[0] += z.sum(0)
-        self._sums[1] += (z * z).sum(0)
-        self._sums[2] += len(z)
+            self._sums = [torch.zeros_like(z), torch.zeros_like(z), torch.zeros_like(accept), 0]
+        self._sums[0] += z
+        self._sums[1] += z * z
+        self._sums[2] += accept.nan_to_num(0.0)
+        self._sums[3] += 1
         if self.t == end:
+            total, squares, accepted, n = self._sums
+            moving = accepted / n >= MOVING_ACCEPTANCE
+            if moving.sum() < 2:
+                moving = torch.ones_like(moving)
+            pooled = regularized_variance(
+                total[moving].sum(0), squares[moving].sum(0), n * int(moving.sum())
+            )
+            self.inv_mass = pooled.to(state.z.dtype)
             self._windows.pop(0)
-            self.inv_mass = regularized_variance(*self._sums).to(state.z.dtype)
             self._sums = None
             self._restart_step_size(state)
 
@@ -442,8 +459,13 @@ class MCLMC:
         return dict(step_size=self.step_size, L=self.L)
 
 
-def _harmonic_mean(accept: torch.Tensor) -> float:
-    return float(1.0 / (1.0 / accept.clamp_min(1e-10)).mean())
+def _harmonic_mean(accept: torch.Tensor, diverging: torch.Tensor) -> float:
+    """Harmonic mean of the acceptance probabilities of the chains that did not diverge; 0
+    when every chain diverged."""
+    kept = accept[~diverging]
+    if not len(kept):
+        return 0.0
+    return float(1.0 / (1.0 / kept.clamp_min(1e-10)).mean())
 
 
 def _mean_ess(draws: torch.Tensor) -> float:

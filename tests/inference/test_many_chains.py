@@ -539,9 +539,10 @@ def test_a_diverging_superchain_is_recorded_and_flagged_and_the_fit_returns(monk
     (``exp`` of a huge number: a scale of inf, then NaN). Before the fix in
     ``VectorizedDensity.log_density`` one such chain raised Pyro's ValueError for all four.
 
-    ``num_warmup=0`` keeps the step size of the initial search (harmonic-mean acceptance over
-    the chains): with warm-up, dual averaging shrinks it towards 1e-21 for the stuck chains'
-    sake and every chain's trajectory runs into ``max_leapfrog_steps``."""
+    The step size adapts on the chains that do not diverge (as BlackJAX), and the stuck
+    chains are left out of the mass matrix: the healthy superchain keeps a usable step size
+    (before, dual averaging shrank it towards 1e-21 for the stuck chains' sake and every
+    trajectory ran into ``max_leapfrog_steps``)."""
     prior_states = many_chains.prior_states
 
     def far_second_start(density, num):
@@ -551,17 +552,23 @@ def test_a_diverging_superchain_is_recorded_and_flagged_and_the_fit_returns(monk
 
     monkeypatch.setattr(many_chains, "prior_states", far_second_start)
     data = scaled_data(20)
-    post = chees(ScaledRegression(), data, num_chains=4, num_starts=2, num_warmup=0, num_samples=20)
+    post = chees(
+        ScaledRegression(), data, num_chains=4, num_starts=2, num_warmup=40, num_samples=20
+    )
     diverging = np.asarray(post.record["sample_stats"]["diverging"])  # (chain, draw)
     assert diverging.shape == (4, 20) and diverging.dtype == bool
     assert post.record["superchain"] == [0, 0, 1, 1]
     assert not diverging[:2].any() and diverging[2:].all()
+    assert max(post.record["sample_stats"]["n_steps"][0]) < 100  # not at max_leapfrog_steps
     assert all(torch.isfinite(v).all() for v in post.samples.values())
     torch.testing.assert_close(post.samples["sigma"][2:], torch.full((2, 20), math.exp(-40.0)))
     idata = post.to_inference_data(data)
     assert int(idata.sample_stats["diverging"].sum()) == 40
     verdict = post.diagnose(verbose=False).attrs["verdict"]
     assert "WARN  divergent transitions: 40 of 80" in "\n".join(verdict)
+    assert "WARN  stuck chains (mean acceptance < 0.05): 2 of 4 (chains [2, 3])" in "\n".join(
+        verdict
+    )
 
 
 def test_a_chain_outside_the_support_gets_nan_and_the_others_their_own_density():

@@ -104,68 +104,39 @@ def run_many_chains(
     start_seconds = time.perf_counter() - start_time
 
     rng = ChainRNG(seed, num_chains, device)
-    evaluate = density.log_density
+    if kernel == "chees":
+        sampler = ChEES(
+            density.log_density,
+            rng,
+            num_warmup,
+            step_size=step_size,
+            trajectory_length=trajectory_length,
+            target_accept_prob=target_accept_prob,
+        )
+        draws = _chees_draws(sampler, z0, num_warmup, num_samples)
+    else:
+        sampler = MCLMC(density.log_density, rng)
+        draws = _mclmc_draws(sampler, z0, num_warmup, num_samples)
     kept, stats, partial = [], {}, False
-    bar = tqdm(total=num_warmup + num_samples, disable=not progress, desc=kernel, leave=False)
-    warmup_start = time.perf_counter()
-    sampling_start = None
-    try:
-        if kernel == "chees":
-            sampler = ChEES(
-                evaluate,
-                rng,
-                num_warmup,
-                step_size=step_size,
-                trajectory_length=trajectory_length,
-                target_accept_prob=target_accept_prob,
-            )
-            state = sampler.init(z0)
-            for t in range(num_warmup + num_samples):
-                if t == num_warmup:
-                    sampling_start = time.perf_counter()
-                state, move = sampler.step(state, adapt=t < num_warmup)
-                if t >= num_warmup:
-                    kept.append(state.z.detach().cpu())
-                    _append(
-                        stats,
-                        diverging=move.diverging,
-                        acceptance_rate=move.accept_prob,
-                        step_size=torch.full_like(state.lp, move.step_size),
-                        n_steps=torch.full_like(state.lp, move.n_steps),
-                        energy=move.energy,
-                        lp=state.lp,
-                    )
+    clock = {"warmup": time.perf_counter()}
+    with tqdm(
+        total=num_warmup + num_samples, disable=not progress, desc=kernel, leave=False
+    ) as bar:
+        try:
+            for z, draw_stats in draws:  # each warm-up step yields None
                 bar.update(1)
-                bar.set_postfix(step=f"{move.step_size:.3g}", L=move.n_steps)
-        else:
-            sampler = MCLMC(evaluate, rng)
-            state, u = sampler.init(z0)
-            state, u = sampler.tune(state, u, max(30, num_warmup))
-            steps = min(MAX_MCLMC_STEPS_PER_DRAW, max(1, math.ceil(sampler.L / sampler.step_size)))
-            sampling_start = time.perf_counter()
-            for _ in range(num_samples):
-                errors = []
-                for _ in range(steps):
-                    state, u, energy_change = sampler.step(state, u, sampler.step_size)
-                    errors.append(energy_change)
-                errors = torch.stack(errors)
-                kept.append(state.z.detach().cpu())
-                _append(
-                    stats,
-                    diverging=~torch.isfinite(errors).all(0),
-                    step_size=torch.full_like(state.lp, sampler.step_size),
-                    n_steps=torch.full_like(state.lp, steps),
-                    energy_error=errors.square().mean(0).sqrt(),  # RMS per step, nats
-                    lp=state.lp,
-                )
-                bar.update(1)
-    except KeyboardInterrupt:
-        partial = True
-    finally:
-        bar.close()
+                if z is None:
+                    clock["sampling"] = time.perf_counter()  # after the last warm-up step
+                    continue
+                kept.append(z.detach().cpu())
+                _append(stats, **draw_stats)
+                bar.set_postfix(step=f"{sampler.step_size:.3g}", L=int(draw_stats["n_steps"][0]))
+        except KeyboardInterrupt:
+            partial = True
     if not kept:
         raise KeyboardInterrupt("fit_mcmc was interrupted before the first draw was kept")
     end = time.perf_counter()
+    sampling_start = clock.get("sampling", clock["warmup"])
     z = torch.stack(kept, dim=1)  # (K, S, D)
     chains, draws = z.shape[:2]
     values = density.constrain(z.flatten(0, 1).to(torch.get_default_dtype()))
@@ -177,13 +148,62 @@ def run_many_chains(
         partial=partial,
         chain_gradients=sampler.gradients,
         start_seconds=start_seconds,
-        warmup_seconds=(sampling_start or end) - warmup_start,
-        sampling_seconds=end - sampling_start if sampling_start else 0.0,
+        warmup_seconds=sampling_start - clock["warmup"],
+        sampling_seconds=end - sampling_start,
         **{f"adapted_{k}": v for k, v in sampler.settings().items()},
     )
     if kernel == "mclmc":
         record.update(unadjusted=True, energy_error_var_per_dim=_energy_var(stats, density.dim))
-    return samples, {k: [list(c) for c in v] for k, v in _columns(stats).items()}, record
+    return samples, _columns(stats), record
+
+
+def _chees_draws(sampler: ChEES, z0, num_warmup: int, num_samples: int):
+    """Yield ``(None, None)`` per warm-up transition, then ``(z (K, D), per-chain stats)`` per
+    kept transition."""
+    state = sampler.init(z0)
+    for t in range(num_warmup + num_samples):
+        state, move = sampler.step(state, adapt=t < num_warmup)
+        if t < num_warmup:
+            yield None, None
+            continue
+        yield (
+            state.z,
+            dict(
+                diverging=move.diverging,
+                acceptance_rate=move.accept_prob,
+                step_size=torch.full_like(state.lp, move.step_size),
+                n_steps=torch.full_like(state.lp, move.n_steps),
+                energy=move.energy,
+                lp=state.lp,
+            ),
+        )
+
+
+def _mclmc_draws(sampler: MCLMC, z0, num_warmup: int, num_samples: int):
+    """Tune in ``max(30, num_warmup)`` integrator steps (yielding ``(None, None)`` for each of
+    ``num_warmup`` parts), then yield ``(z, per-chain stats)`` every ``ceil(L / step size)``
+    steps (at most ``MAX_MCLMC_STEPS_PER_DRAW``)."""
+    state, u = sampler.init(z0)
+    state, u = sampler.tune(state, u, max(30, num_warmup))
+    for _ in range(num_warmup):
+        yield None, None
+    steps = min(MAX_MCLMC_STEPS_PER_DRAW, max(1, math.ceil(sampler.L / sampler.step_size)))
+    for _ in range(num_samples):
+        errors = []
+        for _ in range(steps):
+            state, u, energy_change = sampler.step(state, u, sampler.step_size)
+            errors.append(energy_change)
+        errors = torch.stack(errors)
+        yield (
+            state.z,
+            dict(
+                diverging=~torch.isfinite(errors).all(0),
+                step_size=torch.full_like(state.lp, sampler.step_size),
+                n_steps=torch.full_like(state.lp, steps),
+                energy_error=errors.square().mean(0).sqrt(),  # RMS per step, nats
+                lp=state.lp,
+            ),
+        )
 
 
 def prior_states(density: VectorizedDensity, num: int) -> torch.Tensor:
@@ -249,7 +269,7 @@ def _append(stats: dict, **values: torch.Tensor) -> None:
 
 
 def _columns(stats: dict) -> dict:
-    """``{stat: (K, S)}`` tensors as Python numbers per chain."""
+    """``{stat: [[value per draw] per chain]}`` of the per-draw ``(K,)`` tensors."""
     out = {}
     for name, values in stats.items():
         table = torch.stack(values, dim=1)  # (K, S)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pickle
 import warnings
+import zipfile
 from pathlib import Path
 
 import torch
@@ -108,10 +109,14 @@ def _read_tensors(path: Path) -> dict:
             warnings.simplefilter("ignore")  # torch's advice to unpickle is not for strangers
             tensors = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
+        if not zipfile.is_zipfile(path):  # torch.save writes a zip archive
+            raise ValueError(f"{path} is not a saved posterior's tensors (not a torch file)") from e
         raise ValueError(
             f"{path} holds pickled objects, not only tensors: refused (a saved posterior is "
             "tensors; loading never unpickles objects)"
         ) from e
+    except (KeyError, IndexError, ValueError) as e:  # torch's legacy reader on another format
+        raise ValueError(f"{path} is not a saved posterior's tensors (not a torch file)") from e
     except (RuntimeError, EOFError, OSError) as e:
         raise ValueError(f"{path} is not a saved posterior's tensors: {_first_line(e)}") from e
     if not isinstance(tensors, dict) or not isinstance(tensors.get("model_state"), dict):

@@ -269,6 +269,21 @@ def test_a_tensors_file_holding_pickled_objects_is_refused_unread(tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("content", [b"hello\n", b"garbage", "/etc/passwd"])
+def test_a_tensors_file_that_is_not_a_torch_file_is_named(tmp_path, content):
+    """Text, random bytes and a link to a system file make torch's readers fail with KeyError,
+    UnpicklingError or IndexError: each is one ValueError saying what the file is not."""
+    run = _crafted_run(tmp_path, LINEAR, {"in_features": 3})
+    tensors = run / "posterior" / "tensors.pt"
+    if isinstance(content, bytes):
+        tensors.write_bytes(content)
+    else:
+        tensors.unlink()
+        tensors.symlink_to(content)
+    with pytest.raises(ValueError, match="is not a saved posterior's tensors"):
+        load_posterior(run / "posterior")
+
+
 def test_a_config_that_does_not_match_the_tensors_is_refused_before_building(tmp_path):
     """The classifier of the fixture run, with a d_model a million times larger in its config:
     compared on the meta device (no memory), refused before the real model is built."""

@@ -174,7 +174,7 @@ def fit_mcmc(
     num_warmup: int = 200,
     num_samples: int = 200,
     init: str = "prior",
-    num_starts: int = 1,
+    num_starts: int | None = None,
     target_accept_prob: float | None = None,
     max_tree_depth: int = 10,
     step_size: float | None = None,
@@ -250,11 +250,12 @@ def fit_mcmc(
         kernel: ``"nuts"``, ``"hmc"``, ``"chees"`` or ``"mclmc"``.
         num_chains: chains K (>= 1; R-hat needs >= 2; nested R-hat >= 2 starts).
         num_warmup: adaptation transitions per chain, discarded (>= 0; MCLMC: tuning
-            integrator steps, at least 30).
+            integrator steps, ``max(30, num_warmup)`` of them).
         num_samples: kept draws per chain (>= 1).
         init: ``"prior"``, ``"map"`` or ``"ensemble"`` (many-chain kernels only; NUTS/HMC
             start from uniform draws).
-        num_starts: M starting points, K % M == 0 (many-chain kernels only; ``"map"``: 1).
+        num_starts: M starting points, K % M == 0 (many-chain kernels only); None: one per
+            chain for ``"prior"`` and ``"ensemble"``, 1 for ``"map"``.
         target_accept_prob: step-size adaptation target in (0, 1); None: 0.8 for NUTS/HMC,
             0.651 (of the harmonic mean over chains) for ChEES.
         max_tree_depth: NUTS doublings per transition at most.
@@ -306,6 +307,7 @@ def fit_mcmc(
     many = kernel in MANY_CHAIN_KERNELS
     if trajectory_length is None and not many:
         trajectory_length = 2 * math.pi
+    target_accept_prob_given = target_accept_prob is not None
     if target_accept_prob is None:
         target_accept_prob = CHEES_TARGET_ACCEPT if kernel == "chees" else 0.8
     if step_size is None:
@@ -320,7 +322,16 @@ def fit_mcmc(
         raise ValueError(
             f"target_accept_prob must be a float in (0, 1), got {target_accept_prob!r}"
         )
+    if num_starts is None:
+        num_starts = 1 if (init == "map" or not many) else num_chains
     _check_starts(kernel, init, num_starts, num_chains)
+    if kernel == "mclmc" and (target_accept_prob_given or trajectory_length is not None):
+        raise ValueError(
+            "target_accept_prob and trajectory_length do not apply to kernel='mclmc' (it is "
+            "unadjusted and tunes its own decoherence length L): leave them unset"
+        )
+    if many and init in ("map", "ensemble") and map_steps == 0:
+        raise ValueError(f"init={init!r} needs MAP fits: give map_steps > 0, got 0")
     if many and (full_mass or jit_compile):
         raise ValueError(
             f"full_mass and jit_compile apply to kernel='nuts'/'hmc'; kernel={kernel!r} adapts "
@@ -328,7 +339,7 @@ def fit_mcmc(
         )
     if not isinstance(full_mass, bool):
         raise TypeError(f"full_mass must be a bool, got {type(full_mass).__name__}")
-    if 0 < num_warmup < MIN_WARMUP:
+    if 0 < num_warmup < MIN_WARMUP and kernel != "mclmc":
         warnings.warn(
             f"num_warmup={num_warmup} is short for adapting the step size and mass matrix "
             f"(Stan's default is 1000; use >= {MIN_WARMUP}): chains may stick; run diagnose",

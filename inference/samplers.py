@@ -443,11 +443,19 @@ class MCLMC:
                 _tick(progress)
                 continue
             state, u = new, u_new
-            xi = energy_change[~bad].square() / (self.dim * self.desired_energy_var) + 1e-8
+            # float64: xi / step_size**6 overflows float32 for badly scaled posteriors
+            xi = energy_change[~bad].double().square() / (self.dim * self.desired_energy_var)
+            xi = xi + 1e-8
             w = torch.exp(-0.5 * (xi.log() / (6.0 * self.trust_in_estimate)).square())
             x_avg = decay * x_avg + float((w * xi / self.step_size**6).sum())
             w_sum = decay * w_sum + float(w.sum())
             self.step_size = (x_avg / w_sum) ** (-1 / 6)
+            if not (math.isfinite(self.step_size) and self.step_size > 0):
+                raise ValueError(
+                    "MCLMC's step-size tuning collapsed (energy errors too large at every step "
+                    "size tried): the posterior is badly scaled; standardise the inputs, or use "
+                    "kernel='chees'"
+                )
             if bad.any():
                 self.step_size *= 0.8
             if collect is not None:

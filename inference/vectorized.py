@@ -91,7 +91,8 @@ class VectorizedDensity:
         self.x, self.y, self.mask = x, y, mask
         self.num_rows = x.shape[0]
         self.device = x.device
-        with pyro_scope(), torch.no_grad(), poutine.block():
+        with pyro_scope(), torch.no_grad(), poutine.block(), pyro.validation_enabled(False):
+            # the layout only: values whose density is not finite are named by the start checks
             trace = poutine.trace(model).get_trace(x[:1], y[:1], None if mask is None else mask[:1])
         sites, offset = [], 0
         for name, site in trace.nodes.items():

@@ -443,6 +443,9 @@ def test_a_model_that_mixes_the_draw_dim_is_refused_naming_the_site(small, model
         (dict(full_mass=True), ValueError, "full_mass and jit_compile apply to kernel='nuts'"),
         (dict(kernel="mclmc", jit_compile=True), ValueError, "kernel='mclmc'"),
         (dict(num_starts=1.5), TypeError, "num_starts must be an int"),
+        (dict(kernel="mclmc", target_accept_prob=0.9), ValueError, "do not apply to kernel='mc"),
+        (dict(kernel="mclmc", trajectory_length=1.0), ValueError, "do not apply to kernel='mc"),
+        (dict(init="ensemble", map_steps=0), ValueError, "init='ensemble' needs MAP fits"),
     ],
 )
 def test_bad_settings_are_refused(small, options, error, words, no_sampling):
@@ -634,3 +637,21 @@ def test_chees_keeps_local_latents_per_row_like_nuts(schools_chees, schools):
     theta = s["mu"][..., None] + s["tau"][..., None] * s["theta_trans"]  # (chain, draw, 8)
     expected = dist.Normal(theta, schools.x[:, 0]).log_prob(schools.y)
     torch.testing.assert_close(post.log_likelihood(schools), expected)
+
+
+def test_prior_starts_default_to_one_per_chain(small):
+    """``num_starts=None``: each chain its own prior draw (its own superchain)."""
+    post = chees(BayesianLinearRegression(2), small, num_chains=4, num_warmup=0, num_samples=2)
+    assert post.record["num_starts"] == 4 and post.record["superchain"] == [0, 1, 2, 3]
+
+
+def test_mclmc_tunes_a_badly_scaled_posterior_without_crashing():
+    """Inputs scaled by 1e6 gave ``xi / step_size**6`` = inf in float32, a step size of 0 and a
+    ZeroDivisionError (found by a fresh user); the tuning now runs in float64."""
+    model, data = correlated_regression()
+    data = SequenceData(x=data.x * 1e6, y=data.y)
+    post = fit_mcmc(
+        model, data, kernel="mclmc", num_chains=4, num_warmup=30, num_samples=2, progress=False
+    )
+    assert 0 < post.record["adapted_step_size"] < math.inf
+    assert 0 < post.record["adapted_L"] < math.inf

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -307,7 +308,7 @@ def _parse(argv):
     )
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    args.argv = list(argv or [])
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.quick:
         args.num_chains, args.num_starts = 8, 2
         args.num_warmup = args.num_samples = args.chees_warmup = args.chees_samples = 10

@@ -33,7 +33,7 @@ from probtransformer.inference import (
 )
 from probtransformer.inference import mcmc as mcmc_module
 from probtransformer.inference._arviz import az
-from probtransformer.inference.mcmc import RecordingNUTS
+from probtransformer.inference.pyro_kernels import RecordingNUTS
 from probtransformer.inference.samplers import CHEES_TARGET_ACCEPT
 from probtransformer.models import SequenceClassifier
 

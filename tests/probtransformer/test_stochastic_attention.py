@@ -12,7 +12,7 @@ from pyro import poutine
 from probtransformer import priors
 from probtransformer.attention import LOCAL_LATENT, BayesMultiheadAttention, amortized, data_plate
 from probtransformer.datasets import SequenceData
-from probtransformer.inference import fit_mcmc, fit_svi, load_posterior
+from probtransformer.inference import fit_mcmc, fit_svi, load_posterior, pyro_kernels
 from probtransformer.inference import mcmc as mcmc_module
 from probtransformer.inference.guides import AmortizedGuide, has_local_latents
 from probtransformer.models import SequenceClassifier
@@ -294,13 +294,13 @@ def _tiny_mcmc(small: SequenceData, **kwargs):
 
 def test_mcmc_samples_the_local_latents_non_centred(data, monkeypatch):
     seen = set()
-    setup = mcmc_module.RecordingNUTS.setup
+    setup = pyro_kernels.RecordingNUTS.setup
 
     def spy(self, *args, **kwargs):
         setup(self, *args, **kwargs)
         seen.update(self.transforms)
 
-    monkeypatch.setattr(mcmc_module.RecordingNUTS, "setup", spy)
+    monkeypatch.setattr(pyro_kernels.RecordingNUTS, "setup", spy)
     small = SequenceData(data.x[:16], data.y[:16])  # no padding: see the test below
     post = _tiny_mcmc(small)
     # the kernel sampled the non-centred local site, not the centred one
@@ -314,7 +314,7 @@ def test_mcmc_samples_the_local_latents_non_centred(data, monkeypatch):
 
     # the reparameterised model: z = loc + scale * eps, eps ~ N(0, 1) is the latent
     with poutine.trace() as tracer, torch.no_grad():
-        mcmc_module._non_centred(post.model)(small.x, small.y, small.mask)
+        pyro_kernels._non_centred(post.model)(small.x, small.y, small.mask)
     nodes = tracer.trace.nodes
     eps = nodes[f"{SITE}_decentered"]
     assert not eps["is_observed"]
@@ -326,7 +326,7 @@ def test_mcmc_samples_the_local_latents_non_centred(data, monkeypatch):
     assert [f.name for f in eps["cond_indep_stack"]] == ["data"]
     # models without local latents are left as they are
     plain = SequenceClassifier(F, 2, T, **TINY)
-    assert mcmc_module._non_centred(plain) is plain
+    assert pyro_kernels._non_centred(plain) is plain
 
     # predictions for new sequences (padded too) draw the local latents from their prior
     new = data[200:210]

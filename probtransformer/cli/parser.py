@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import argparse
 import functools
-import inspect
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import NoReturn
 
 from probtransformer.cli import diagnose as diagnose_command
@@ -15,18 +14,11 @@ from probtransformer.cli import generate as generate_command
 from probtransformer.cli import predict as predict_command
 from probtransformer.cli import report as report_command
 from probtransformer.cli._common import PROG
+from probtransformer.cli.help import LibraryDefaultsFormatter
 from probtransformer.cli.options import (
     INFERENCES,
     INITS,
     KERNELS,
-    LIBRARY_NAMES,
-    MCMC_OPTIONS,
-    UNSET_HELP,
-    UNSET_KERNEL_HELP,
-    UNSET_MCMC_HELP,
-    applies,
-    library_functions,
-    mcmc_preset,
 )
 from probtransformer.cli.rundir import (
     ATTENTION_FILE,
@@ -79,81 +71,6 @@ class _DatasetNames:
 DATASET_NAMES = _DatasetNames()
 
 
-def _help_value(value: object) -> str:
-    if isinstance(value, tuple | list):
-        value = ",".join(map(str, value))
-    return str(value).replace("%", "%%")
-
-
-class _LibraryDefaultsFormatter(argparse.HelpFormatter):
-    """Help formatter that appends the default of every option left unset (None).
-
-    The defaults are read from the signatures of the library functions named in ``sources``
-    (keys of ``options.library_functions``; the first that has the parameter) when help is
-    printed, so they are always the ones a run uses. With ``mcmc=True`` the ``mcmc_preset``
-    values are shown too: as the default of MCMC-only options (the default kernel's, then
-    ``nuts, hmc: ...`` for kernels whose preset differs), as ``mcmc: ...`` next to the default
-    of others.
-    """
-
-    def __init__(self, prog: str, *, sources: Sequence[str], mcmc: bool = False) -> None:
-        super().__init__(prog, max_help_position=30)
-        self._sources = sources
-        self._mcmc = mcmc
-
-    def _library_default(self, dest: str) -> str | None:
-        functions = library_functions()
-        sources, name = self._sources, dest
-        if dest in LIBRARY_NAMES:
-            source, name = LIBRARY_NAMES[dest]
-            sources = (source,)
-        for source in sources:
-            parameter = inspect.signature(functions[source]).parameters.get(name)
-            if parameter is not None and parameter.default is not inspect.Parameter.empty:
-                return _help_value(parameter.default)
-        return UNSET_HELP.get(dest)
-
-    def _kernel_defaults(self, dest: str) -> list[str]:
-        """What the MCMC-only option ``dest`` takes when unset, per kernel it applies to:
-        ``["default: v", "nuts, hmc: w"]``, the default kernel's group first."""
-        default_kernel = mcmc_preset()["kernel"]
-        if dest == "kernel":
-            return [f"default: {default_kernel}"]
-        groups: dict[str, list[str]] = {}
-        for kernel in KERNELS:
-            if not applies(dest, kernel):
-                continue
-            value = mcmc_preset(kernel).get(dest)
-            if value is None:
-                shown = UNSET_KERNEL_HELP.get(dest, {}).get(kernel, self._library_default(dest))
-            else:
-                shown = _help_value(value)
-            groups.setdefault(str(shown), []).append(kernel)
-        if len(groups) == 1:
-            return [f"default: {next(iter(groups))}"]
-        ordered = sorted(groups.items(), key=lambda item: default_kernel not in item[1])
-        return [
-            f"{'default' if default_kernel in kernels else ', '.join(kernels)}: {shown}"
-            for shown, kernels in ordered
-        ]
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        if action.default is not None or not action.option_strings:
-            return text
-        if self._mcmc and action.dest in MCMC_OPTIONS:
-            parts = self._kernel_defaults(action.dest)
-        else:
-            preset = mcmc_preset() if self._mcmc else {}
-            default = self._library_default(action.dest)
-            parts = [] if default is None else [f"default: {default}"]
-            if action.dest in preset:
-                parts.append(f"mcmc: {_help_value(preset[action.dest])}")
-            elif self._mcmc and action.dest in UNSET_MCMC_HELP:
-                parts.append(f"mcmc: {UNSET_MCMC_HELP[action.dest]}")
-        return f"{text} ({'; '.join(parts)})" if parts else text
-
-
 def _int_at_least(minimum: int) -> Callable[[str], int]:
     """argparse type: an integer >= ``minimum``."""
 
@@ -188,7 +105,7 @@ def _run_command(
     defaults of the library function behind each option."""
     if library_defaults:
         parser_options["formatter_class"] = functools.partial(
-            _LibraryDefaultsFormatter, sources=(name,)
+            LibraryDefaultsFormatter, sources=(name,)
         )
     parser = commands.add_parser(name, **parser_options)
     parser.set_defaults(handler=handler)
@@ -231,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
         "benchmark's classifier, every part Bayesian, on the full training split; ChEES-HMC "
         "with 4 chains from 2 MAP starts, about 8 minutes for digits on one CPU thread).",
         formatter_class=functools.partial(
-            _LibraryDefaultsFormatter,
+            LibraryDefaultsFormatter,
             sources=("model", "fit", "predict", "mcmc", "ensemble"),
             mcmc=True,
         ),

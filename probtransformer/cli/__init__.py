@@ -88,8 +88,9 @@ Options of the other inference method, of another MCMC kernel, and of another ta
 refused.
 
 Exit status: 0 on success; 2 on bad arguments or input files, with one line on stderr starting
-``probtransformer: error:``; 1 when the fit diverges (``NonFiniteELBOError``); 130 on Ctrl-C
-(outside MCMC sampling, or before its first kept draw).
+``probtransformer: error:``; 1 when the fit diverges (``NonFiniteELBOError``); 130 on Ctrl-C,
+also when MCMC sampling was interrupted after its first kept draw and the run was written with
+the draws so far (marked partial; one more Ctrl-C while it is written is held back).
 """
 
 from probtransformer.cli._common import CLIError

@@ -17,14 +17,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Returns:
         Exit status: 0 on success, 2 on bad arguments or files (one line on stderr), 1 when the
-        fit diverges, 130 when interrupted (Ctrl-C) with nothing written.
+        fit diverges, 130 when interrupted (Ctrl-C): with nothing written, or after writing a
+        run of the draws MCMC had kept (``partial``).
     """
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # --help, or an argument error already reported on one line
         return e.code if isinstance(e.code, int) else 2
     try:
-        args.handler(args)
+        status = args.handler(args)
     except (CLIError, ValueError, TypeError, OSError) as e:
         return _fail(e, 2)
     except FloatingPointError as e:  # NonFiniteELBOError: the fit diverged
@@ -32,7 +33,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt as e:
         message = str(e).replace("(resume_from=...)", "(continue with --resume-from it)")
         return _fail(KeyboardInterrupt(message or "interrupted; nothing was written"), 130)
-    return 0
+    return status or 0
 
 
 def _fail(error: Exception, status: int) -> int:

@@ -7,6 +7,9 @@ import argparse
 import contextlib
 import dataclasses
 import math
+import signal
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,8 +31,14 @@ from probtransformer.cli.options import (
 from probtransformer.cli.rundir import check_out, write_run
 
 
-def run(args: argparse.Namespace) -> None:
-    """Fit, evaluate on the test split, write the run directory and print the metrics."""
+def run(args: argparse.Namespace) -> int:
+    """Fit, evaluate on the test split, write the run directory and print the metrics.
+
+    Returns:
+        The exit status: 0, or 130 when MCMC sampling was interrupted (Ctrl-C) and the run
+        holds the draws kept so far (``partial``). While such a run is evaluated and written, one
+        more Ctrl-C is held back with a message; a third stops the command.
+    """
     from probtransformer.tasks import TASKS, task_for_dataset
 
     task = task_for_dataset(args.dataset)
@@ -67,7 +76,8 @@ def run(args: argparse.Namespace) -> None:
         else:  # svi and the MAP-based fits
             post = _fit_svi(model, splits.train, args, guide, target)
         seconds = time.perf_counter() - start
-
+        partial = bool(post.record.get("partial"))
+    with _intra_op_threads(args.threads), _sigint_held_once(partial):
         draws = given(num_samples=_prediction_draws(post, args.num_samples), seed=args.seed)
         test = splits.test  # validated once, with its targets: later passes reuse the check
         check_inputs(post.model, test.x, test.y, test.mask)
@@ -93,6 +103,7 @@ def run(args: argparse.Namespace) -> None:
             record["class_names"] = meta["class_names"]
         write_run(target, post, splits, record, draws, task, evaluation)
     _print_metrics(target, record, task, evaluation.lines)
+    return 130 if partial else 0
 
 
 def _model_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -180,6 +191,30 @@ def _with_mcmc_preset(args: argparse.Namespace) -> argparse.Namespace:
         if getattr(args, dest) is None:
             setattr(args, dest, value)
     return args
+
+
+@contextlib.contextmanager
+def _sigint_held_once(active: bool) -> Iterator[None]:
+    """With ``active`` (and in the main thread), the first Ctrl-C inside the block prints a line
+    and is ignored, so a second Ctrl-C after an interrupted fit does not discard its draws."""
+    if not active or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+
+    def hold(signum, frame):
+        print(
+            f"{PROG}: writing the interrupted fit's draws; press Ctrl-C again to discard them",
+            file=sys.stderr,
+            flush=True,
+        )
+        signal.signal(signal.SIGINT, previous)
+
+    signal.signal(signal.SIGINT, hold)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @contextlib.contextmanager

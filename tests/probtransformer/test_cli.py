@@ -482,7 +482,7 @@ def test_mcmc_interrupted_writes_a_partial_run(tmp_path, monkeypatch, capsys):
     _interrupt_after(monkeypatch, MCMC_WARMUP + kept + 1)
     out = tmp_path / "partial"
     # one chain: in-process on any machine (two chains run in worker processes on > 2 cores)
-    assert main(["fit", "--out", str(out), *TINY_MCMC, "--num-chains", "1"]) == 0
+    assert main(["fit", "--out", str(out), *TINY_MCMC, "--num-chains", "1"]) == 130
     printed = capsys.readouterr().out
     assert f"PARTIAL: sampling was interrupted; the run holds the 1 x {kept} draws" in printed
     assert {p.name for p in out.iterdir()} == RUN_FILES
@@ -498,6 +498,27 @@ def test_mcmc_interrupted_writes_a_partial_run(tmp_path, monkeypatch, capsys):
 
     assert main(["diagnose", str(out)]) == 0
     assert "PARTIAL: sampling was interrupted" in capsys.readouterr().out
+
+
+def test_mcmc_interrupted_run_survives_one_more_ctrl_c_while_written(tmp_path, monkeypatch, capsys):
+    import signal
+
+    from probtransformer.cli import fit as fit_command
+
+    _interrupt_after(monkeypatch, MCMC_WARMUP + 2)  # one kept draw, then Ctrl-C
+    write_run = fit_command.write_run
+
+    def impatient(*args, **kwargs):
+        signal.raise_signal(signal.SIGINT)  # the user presses Ctrl-C again while it is written
+        return write_run(*args, **kwargs)
+
+    monkeypatch.setattr(fit_command, "write_run", impatient)
+    out = tmp_path / "partial"
+    assert main(["fit", "--out", str(out), *TINY_MCMC, "--num-chains", "1"]) == 130
+    captured = capsys.readouterr()
+    assert "press Ctrl-C again to discard them" in captured.err
+    assert json.loads((out / "metrics.json").read_text())["partial"] is True
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
 
 
 def test_mcmc_interrupted_before_a_draw_writes_nothing(

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import os
 import sys
 import time
@@ -186,6 +187,58 @@ def regression_bias(*, num_chains: int = 32, num_samples: int = 500, seed: int =
     return out
 
 
+def convergence(
+    *,
+    num_chains: int,
+    num_starts: int,
+    num_warmup: int,
+    num_samples: int,
+    train_rows: int,
+    test_rows: int,
+    seed: int = 0,
+) -> dict:
+    """The convergence row: ChEES from ensemble starts on the 780-latent classifier (digits,
+    ``seed``), judged as ``diagnose`` judges many chains.
+
+    Returns nested R-hat, R-hat and pooled bulk ESS of ``lp`` and of the log-likelihoods of the
+    first ``diagnostics.PROBE_OBS`` training rows (worst over the rows), the largest weight-space
+    R-hat and nested R-hat (information only: head and neuron symmetries), the seconds of the
+    fit (MAP starts, warm-up, sampling), its chain-gradients and divergences, and test accuracy
+    and NLL of the predictive mean.
+    """
+    train, test = load_data(train_rows, test_rows, seed)
+    start = time.perf_counter()
+    post = fit_mcmc(
+        SequenceClassifier(**MODEL), train, kernel="chees", num_chains=num_chains,
+        num_starts=num_starts, init="ensemble", num_warmup=num_warmup, num_samples=num_samples,
+        map_steps=500, seed=seed, progress=False,
+    )  # fmt: skip
+    seconds = time.perf_counter() - start
+    table = post.diagnose(train, verbose=False)
+    predictive = table.attrs["predictive"]
+    weights = table.drop(index=[i for i in table.index if i == "attention"])
+    pred = post.predict(test.x, test.mask, num_samples=None, seed=seed)
+    mean = pred.probs.mean(0)
+    return dict(
+        num_chains=num_chains,
+        num_starts=num_starts,
+        num_warmup=num_warmup,
+        num_samples=num_samples,
+        train_rows=len(train),
+        seconds=seconds,
+        start_seconds=post.record["start_seconds"],
+        chain_gradients=post.record["chain_gradients"],
+        divergences=int(np.asarray(post.record["sample_stats"]["diverging"]).sum()),
+        lp=predictive["lp"],
+        probe_log_lik=predictive["probe_log_lik"],
+        weight_r_hat_max=float(weights["r_hat_max"].max()),
+        weight_nested_r_hat_max=float(weights["nested_r_hat_max"].max()),
+        accuracy=float((mean.argmax(-1) == test.y).float().mean()),
+        nll=float(-mean[torch.arange(len(test)), test.y].log().mean()),
+        verdict=table.attrs["verdict"],
+    )
+
+
 def bias_markdown(bias: dict, command: str) -> str:
     names = ["weight[0]", "weight[1]", "weight[2]", "bias"]
     lines = [
@@ -306,6 +359,12 @@ def _parse(argv):
     parser.add_argument(
         "--bias", action="store_true", help="only the bias of chees and mclmc on the regression"
     )
+    parser.add_argument(
+        "--convergence",
+        action="store_true",
+        help="only the convergence row (ChEES on --train-rows digits; nested R-hat of the probe "
+        "log-likelihoods)",
+    )
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
@@ -323,6 +382,14 @@ def main(argv: Sequence[str] | None = None) -> dict:
         text = bias_markdown(bias, "python -m benchmarks.studies.many_chains --bias")
         print(text)
         return bias
+    if args.convergence:
+        row = convergence(
+            num_chains=args.num_chains, num_starts=args.num_starts, num_warmup=args.chees_warmup,
+            num_samples=args.chees_samples, train_rows=args.train_rows,
+            test_rows=args.test_rows, seed=args.seed,
+        )  # fmt: skip
+        print(json.dumps(row, indent=1))
+        return row
     before = os.getloadavg()[0]
     grads = chain_gradients(
         torch.device("cpu"), KS[:4] if args.quick else KS[:5], seconds=0.5 if args.quick else 3.0

@@ -13,12 +13,16 @@ import time
 import torch
 
 from probtransformer.datasets import SequenceData
+from probtransformer.inference.batched_ensemble import MembersDoNotVectorize, fit_batched
 from probtransformer.inference.engine import dropout_modules
 from probtransformer.inference.guides import has_local_latents
 from probtransformer.inference.inputs import check_model
 from probtransformer.inference.posterior import Posterior
 from probtransformer.inference.svi import fit_svi
 from probtransformer.validation import check_int
+
+#: ``fit_svi``'s options that only the sequential ensemble (one ``fit_map`` per member) takes.
+_CHECKPOINT_OPTIONS = ("checkpoint_every", "checkpoint_dir", "resume_from")
 
 #: ``fit_svi``'s signature without ``guide``: what ``fit_map`` and ``fit_mc_dropout`` accept.
 _MAP_SIGNATURE = inspect.signature(fit_svi).replace(
@@ -123,23 +127,36 @@ def fit_ensemble(
     n_members: int = 5,
     seed: int = 0,
     progress: bool = True,
+    batched: bool | None = None,
     **kwargs,
 ) -> Posterior:
     """Deep ensemble (Lakshminarayanan, Pritzel & Blundell 2017) of ``n_members`` MAP fits.
 
-    Member ``k`` is ``fit_map(model, data, seed=seed + k, **kwargs)``: its own re-initialised
-    copy of the model, its own mini-batch order. The members are the posterior draws. Both
-    their latent values and their point-estimate parameters (the model's plain
-    ``nn.Parameter``s: embedding, FFN, LayerNorm by default) differ, so the ``Posterior`` keeps
-    every member's parameters (``members``) and copies them into the model for that member's
-    forward pass.
+    Member ``k`` is a MAP fit started as ``fit_map(model, data, seed=seed + k, **kwargs)``
+    starts: its own re-initialised copy of the model and its own ``AutoDelta`` locations. The
+    members are the posterior draws. Both their latent values and their point-estimate
+    parameters (the model's plain ``nn.Parameter``s: embedding, FFN, LayerNorm by default)
+    differ, so the ``Posterior`` keeps every member's parameters (``members``) and copies them
+    into the model for that member's forward pass.
+
+    Batched (``inference.batched_ensemble``): the M fits run as one optimisation through the
+    draw dim, members as draws (latents ``(M, 1, *shape)``, plain parameters too), sharing each
+    step's mini-batch; one pass of M members costs less than M passes. Sequential: member ``k``
+    is ``fit_map(..., seed=seed + k)`` with its own mini-batch order. The two start alike but
+    are not equal number for number (shared batches and dropout stream);
+    ``benchmarks/BENCHMARKS.md`` compares their quality and seconds.
 
     Args:
         model: a ``PyroModule`` following the model protocol.
         data: training split; ``data.y`` required.
         n_members: ensemble size ``M``.
         seed: member ``k`` is fitted with seed ``seed + k``.
-        progress: show a tqdm bar per member.
+        progress: show a tqdm bar (one per member when sequential).
+        batched: True: the batched path (ValueError when the model cannot take it); False: the
+            sequential fits; None: batched unless checkpoint options are given or the probe at
+            the starting values finds the model does not vectorize over members (then
+            sequential, with ``record["batched"]`` False and the reason in
+            ``record["batched_skipped"]``).
         **kwargs: the other keyword arguments of ``fit_map`` (``fit_svi``'s except ``guide``).
 
     Returns:
@@ -147,13 +164,15 @@ def fit_ensemble(
         *shape)}``: one chain of ``M`` draws. ``predict`` uses every member by default; a
         smaller ``num_samples`` thins them evenly, never more draws than members.
         ``record["method"] == "ensemble"``, ``record["members"]`` each member's ``seed``,
-        ``final_loss`` (negative log joint of its last step, nats) and ``seconds``;
-        ``record["seconds"]`` the total.
+        ``final_loss`` (negative log joint of its last step, nats) and ``seconds`` (batched:
+        the total over M); ``record["seconds"]`` the total; ``record["batched"]``.
 
     Raises:
-        TypeError: ``n_members`` not an int, ``guide=``, an unknown keyword, bad model or data.
+        TypeError: ``n_members`` not an int, ``batched`` not a bool or None, ``guide=``, an
+            unknown keyword, bad model or data; ``batched=True`` with checkpoint options.
         ValueError: ``n_members < 1``; a model with local latents (stochastic attention); bad
-            settings (``fit_svi``).
+            settings (``fit_svi``); ``batched=True`` and a model that does not vectorize over
+            members (names the site).
         NonFiniteELBOError: a member's objective or gradient became NaN/inf.
     """
     check_int("n_members", n_members, type_error=True)
@@ -163,6 +182,28 @@ def fit_ensemble(
             "local latents of stochastic attention would be drawn from their prior: fit such "
             "models with fit_svi, fit_mc_dropout or fit_mcmc"
         )
+    if batched not in (None, True, False):
+        raise TypeError(f"batched must be True, False or None, got {batched!r}")
+    try:
+        _MAP_SIGNATURE.bind(model, data, **kwargs)
+    except TypeError as e:
+        raise TypeError(f"fit_ensemble(): {e}") from None
+    checkpointing = sorted(k for k in kwargs if k in _CHECKPOINT_OPTIONS)
+    if batched and checkpointing:
+        raise TypeError(
+            f"fit_ensemble(batched=True) does not checkpoint; got {', '.join(checkpointing)}: "
+            "pass batched=False to checkpoint each member's fit"
+        )
+    skipped = "checkpoint options given" if checkpointing else None
+    if batched is not False and not checkpointing:
+        try:
+            return fit_batched(
+                model, data, n_members=n_members, seed=seed, progress=progress, **kwargs
+            )
+        except MembersDoNotVectorize as e:
+            if batched:
+                raise
+            skipped = " ".join(str(e).split())
     start = time.perf_counter()
     fits = [
         fit_map(model, data, seed=seed + k, progress=progress, **kwargs) for k in range(n_members)
@@ -177,6 +218,8 @@ def fit_ensemble(
         method="ensemble",
         seed=seed,
         n_members=n_members,
+        batched=False,
+        **({"batched_skipped": skipped} if skipped and batched is None else {}),
         members=[
             dict(
                 seed=fit.record["seed"],

@@ -73,10 +73,15 @@ class VectorizedDensity:
     """Log density and gradient of K chains of ``model`` on fixed data, in one pass.
 
     Args:
-        model: a model following the protocol, in eval mode, on ``x``'s device; its plain
-            parameters are held fixed (point estimates).
+        model: a model following the protocol, on ``x``'s device; its plain parameters are
+            held fixed (point estimates). Samplers pass it in eval mode; in train mode its
+            dropout draws fresh masks per chain on every call.
         x, y, mask: the full training data (``y`` required).
         memory_budget: bytes the intermediates of one pass may take (None: all rows at once).
+        parameters: ``{name: (K, 1, *shape)}`` values of some of the model's plain parameters,
+            one per chain, used in place of them (``torch.func.functional_call``); the batched
+            MAP fits of ``fit_ensemble`` optimise them with the latents. Every call then takes
+            exactly K chains.
 
     Attributes:
         sites: the ``LatentSite`` layout; ``dim``: ``D``, the unconstrained scalars per chain.
@@ -86,8 +91,18 @@ class VectorizedDensity:
             per-logit draws are not part of a fixed-dimension state).
     """
 
-    def __init__(self, model, x, y, mask, *, memory_budget: int | None = DEFAULT_MEMORY_BUDGET):
+    def __init__(
+        self,
+        model,
+        x,
+        y,
+        mask,
+        *,
+        memory_budget: int | None = DEFAULT_MEMORY_BUDGET,
+        parameters: dict[str, torch.Tensor] | None = None,
+    ):
         self.model = model
+        self.parameters = parameters
         self.x, self.y, self.mask = x, y, mask
         self.num_rows = x.shape[0]
         self.device = x.device
@@ -228,6 +243,21 @@ class VectorizedDensity:
             total += lp.detach()
         return total, gradient
 
+    def log_joint(
+        self, z: torch.Tensor, rows: torch.Tensor | None = None, *, jacobian: bool = True
+    ) -> torch.Tensor:
+        """``(K,)`` log density of finite states ``z`` ``(K, D)`` (``rows`` and ``jacobian`` as
+        in ``log_density``), differentiable with respect to ``z`` and ``parameters``: the
+        objective of optimisers that also fit the plain parameters. Non-finite values are
+        returned as they are."""
+        index = torch.arange(self.num_rows, device=self.device) if rows is None else rows
+        scale = self.num_rows / len(index)
+        step = self._rows_per_pass(len(z))
+        return sum(
+            self._pass(z, index[start : start + step], scale, first=i == 0, jac=jacobian)
+            for i, start in enumerate(range(0, len(index), step))
+        )
+
     def site_log_densities(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
         """``{site: (K,)}`` each sample site's summed log density (every row), no gradient;
         ``"jacobian"`` holds the log-Jacobians."""
@@ -271,9 +301,8 @@ class VectorizedDensity:
         with pyro_scope(), pyro.validation_enabled(False):
             try:
                 with pyro.plate(DRAWS_PLATE, chains, dim=DRAWS_DIM):
-                    trace = poutine.trace(poutine.condition(self.model, data=values)).get_trace(
-                        *args
-                    )
+                    model = poutine.condition(self._model(self.parameters), data=values)
+                    trace = poutine.trace(model).get_trace(*args)
             except RuntimeError as e:
                 if isinstance(e, torch.OutOfMemoryError):
                     raise
@@ -315,7 +344,7 @@ class VectorizedDensity:
         together = self.site_log_densities(z)
         together.pop("jacobian")
         for k in range(len(z)):
-            single = self._single_chain(z[k])
+            single = self._single_chain(z, k)
             for name, value in together.items():
                 alone = single.get(name)
                 if alone is None or not (torch.isfinite(value[k]) and torch.isfinite(alone)):
@@ -330,15 +359,19 @@ class VectorizedDensity:
                         "leading dims and broadcast from the right (docs/protocol.md)"
                     )
 
-    def _single_chain(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
-        """``{site: ()}`` log densities of one chain's state ``z`` (D,), no draw plate."""
+    def _single_chain(self, z: torch.Tensor, k: int) -> dict[str, torch.Tensor]:
+        """``{site: ()}`` log densities of chain ``k`` of ``z`` (K, D) alone, no draw plate."""
         values = {}
-        for site, u in zip(self.sites, self.unflatten(z[None]).values(), strict=True):
+        for site, u in zip(self.sites, self.unflatten(z[k : k + 1]).values(), strict=True):
             values[site.name] = site.transform(u[0])
         args = (self.x, self.y, self.mask)
+        parameters = None
+        if self.parameters is not None:
+            parameters = {name: value[k, 0] for name, value in self.parameters.items()}
         with pyro_scope(), torch.no_grad():
             try:
-                trace = poutine.trace(poutine.condition(self.model, data=values)).get_trace(*args)
+                model = poutine.condition(self._model(parameters), data=values)
+                trace = poutine.trace(model).get_trace(*args)
                 trace.compute_log_prob()
             except ValueError as e:
                 if is_invalid_parameter_error(e):
@@ -349,6 +382,12 @@ class VectorizedDensity:
             for name, site in trace.nodes.items()
             if site["type"] == "sample"
         }
+
+    def _model(self, parameters: dict[str, torch.Tensor] | None):
+        """The model, or a call of it with ``parameters`` in place of its own."""
+        if parameters is None:
+            return self.model
+        return lambda *args: torch.func.functional_call(self.model, parameters, args, strict=False)
 
 
 def _per_chain(log_prob: torch.Tensor, chains: int) -> torch.Tensor:

@@ -54,7 +54,8 @@ def mc(train):
 
 @pytest.fixture(scope="module")
 def ensemble(train):
-    return fit_ensemble(small_model(), train, n_members=MEMBERS, seed=0, **FIT)
+    # sequential: member k is fit_map(seed=k) bit for bit (test_batched_ensemble: the default)
+    return fit_ensemble(small_model(), train, n_members=MEMBERS, seed=0, batched=False, **FIT)
 
 
 # -- MAP --------------------------------------------------------------------------------------

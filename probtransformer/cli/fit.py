@@ -301,6 +301,7 @@ def _fit_settings(post) -> dict[str, Any]:
             guide=record["guide"],
             num_steps=record["num_steps"],
             n_members=record["n_members"],
+            batched=record.get("batched", False),  # False in runs saved before batching
             member_seeds=[member["seed"] for member in record["members"]],
             member_final_losses=[member["final_loss"] for member in record["members"]],
         )

@@ -132,7 +132,7 @@ def diagnose(
         + (", PARTIAL: sampling was interrupted" if record.get("partial") else "")
         + "):"
     ]
-    if posterior.mc_dropout or posterior.members is not None:
+    if posterior.mc_dropout or _is_ensemble(posterior):
         verdict.append(
             "n/a   R-hat and ESS do not apply: "
             + (
@@ -250,13 +250,18 @@ def _flag(bad: bool, text: str) -> str:
     return ("WARN  " if bad else "ok    ") + text
 
 
+def _is_ensemble(posterior) -> bool:
+    """Independently fitted members (MCMC may keep per-chain plain parameters as members too)."""
+    return posterior.members is not None and posterior.record.get("method") != "mcmc"
+
+
 def _superchains(posterior, chains: int) -> np.ndarray | None:
     """``(chain,)`` superchain ids of a sampled posterior with 2+ superchains, else None.
 
     Without ``record["superchain"]`` each chain is its own superchain, from ``MANY_CHAINS``
     chains on (fewer keep the plain R-hat verdict). Ensembles and MC dropout have none.
     """
-    if posterior.samples is None or posterior.members is not None:
+    if posterior.samples is None or _is_ensemble(posterior):
         return None
     ids = superchain_ids(posterior.record, chains)
     if ids is None and chains >= MANY_CHAINS:

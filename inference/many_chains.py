@@ -26,7 +26,7 @@ import torch
 from pyro import poutine
 from tqdm.auto import tqdm
 
-from probtransformer.inference._runtime import pyro_scope, seeded
+from probtransformer.inference._runtime import pyro_scope, reinitialised_copy, seeded
 from probtransformer.inference.model_checks import DRAWS_DIM, DRAWS_PLATE
 from probtransformer.inference.samplers import MCLMC, ChainRNG, ChEES
 from probtransformer.inference.vectorized import VectorizedDensity
@@ -72,9 +72,15 @@ def run_many_chains(
 ) -> tuple[dict, dict, dict]:
     """Sample ``model`` (eval mode, point estimates fixed) on ``train`` with K chains.
 
+    With ``"map"``/``"ensemble"`` starts the model's plain parameters are fitted per start
+    (start ``m`` from the model re-initialised with ``seed + m``) and each chain keeps its
+    start's values while sampling.
+
     Returns:
-        ``(samples {site: (chain, draw, *shape)}, sample_stats {stat: [[...] per draw] per
-        chain}, record)``; ``record["partial"]`` is True after a Ctrl-C.
+        ``(samples {site: (chain, draw, *shape)}, members {name: (chain, draw, *shape)} of the
+        per-chain plain parameters or None, sample_stats {stat: [[...] per draw] per chain},
+        record)``; ``record["partial"]`` is True after a Ctrl-C, ``record["point_estimates"]``
+        describes the per-start fit of the plain parameters (None without one).
 
     Raises:
         ValueError: the kept draws would exceed ``MAX_DRAW_BYTES`` (gives the estimate); the
@@ -92,12 +98,23 @@ def run_many_chains(
             "chains or draws"
         )
     device = train.x.device
+    names = [name for name, p in model.named_parameters() if p.requires_grad]
+    per_start = bool(names) and init in ("map", "ensemble")
     with seeded(seed, device):
         probe = prior_states(density, max(2, num_starts))
         density.check(probe[:2])  # K-chain values must equal single-chain ones, by site
         starts = probe[:num_starts]
+        if per_start:
+            density.parameters = _initial_parameters(model, names, num_starts, seed, device)
+            density.check(starts)  # ... and with a plain-parameter value per start
         if init in ("map", "ensemble"):
             starts = map_fit(density, starts, map_steps, progress=progress)
+    per_start_values = density.parameters
+    if per_start:
+        density.parameters = {
+            name: value.detach().repeat_interleave(num_chains // num_starts, dim=0)
+            for name, value in per_start_values.items()
+        }
     z0 = starts.repeat_interleave(num_chains // num_starts, dim=0)
     _check_finite(density, z0)
     superchain = [k // (num_chains // num_starts) for k in range(num_chains)]
@@ -154,7 +171,17 @@ def run_many_chains(
     )
     if kernel == "mclmc":
         record.update(unadjusted=True, energy_error_var_per_dim=_energy_var(stats, density.dim))
-    return samples, _columns(stats), record
+    members = None
+    record["point_estimates"] = None
+    if per_start:
+        members = {
+            name: value[:, 0, None].expand(chains, draws, *value.shape[2:]).cpu()
+            for name, value in density.parameters.items()
+        }
+        record["point_estimates"] = dict(
+            method="map, per start", parameters=names, num_steps=map_steps, per_chain=True
+        )
+    return samples, members, _columns(stats), record
 
 
 def _chees_draws(sampler: ChEES, z0, num_warmup: int, num_samples: int):
@@ -217,18 +244,34 @@ def prior_states(density: VectorizedDensity, num: int) -> torch.Tensor:
     return density.unconstrain(values)
 
 
+def _initial_parameters(model, names: list[str], num_starts: int, seed: int, device) -> dict:
+    """``{name: (M, 1, *shape)}`` plain parameters, start ``m``'s from the model re-initialised
+    with ``seed + m`` (leaf tensors that require grad)."""
+    states = [
+        dict(reinitialised_copy(model, seed + m, device).named_parameters())
+        for m in range(num_starts)
+    ]
+    return {
+        name: torch.stack([state[name].detach() for state in states])[:, None].requires_grad_(True)
+        for name in names
+    }
+
+
 def map_fit(
     density: VectorizedDensity, starts: torch.Tensor, steps: int, *, progress: bool
 ) -> torch.Tensor:
     """MAP fits of every start at once: Adam (lr ``MAP_LR`` decaying to ``MAP_LR *
-    MAP_LR_DECAY``) on the ``(M, D)`` states, mini-batches of ``MAP_BATCH_SIZE`` rows (every row
-    when the model has local latents).
+    MAP_LR_DECAY``) on the ``(M, D)`` states, and on ``density.parameters`` when it holds
+    per-start plain parameters (updated in place), mini-batches of ``MAP_BATCH_SIZE`` rows
+    (every row when the model has local latents).
 
-    Each start's gradient depends only on its own state (the chains are the draw dim), and
-    Adam is elementwise, so the M fits equal M separate ones on the same mini-batches.
+    Each start's gradient depends only on its own values (the starts are the draw dim), and
+    Adam is elementwise, so the M fits equal M separate ones on the same mini-batches. A start
+    whose objective is not finite gets a zero gradient for that step.
     """
     z = starts.clone().requires_grad_(True)
-    optimizer = torch.optim.Adam([z], lr=MAP_LR)
+    leaves = [z, *(density.parameters or {}).values()]
+    optimizer = torch.optim.Adam(leaves, lr=MAP_LR)
     scheduler = torch.optim.lr_scheduler.ExponentialLR(
         optimizer, gamma=MAP_LR_DECAY ** (1.0 / max(steps, 1))
     )
@@ -242,9 +285,11 @@ def map_fit(
             order, position = torch.randperm(n, device=z.device), 0
         rows = None if size == n else order[position : position + size]
         position += size
-        _, gradient = density.log_density(z.detach(), rows=rows, jacobian=False)
         optimizer.zero_grad()
-        z.grad = -torch.nan_to_num(gradient)
+        lp = density.log_joint(z, rows, jacobian=False)
+        (-lp.nan_to_num(0.0, 0.0, 0.0).sum()).backward()
+        for leaf in leaves:
+            leaf.grad.nan_to_num_(0.0, 0.0, 0.0)
         optimizer.step()
         scheduler.step()
     return z.detach()

@@ -119,7 +119,11 @@ def fit_mcmc(
     The model runs in eval mode (dropout off: the target density must be deterministic) on the
     full data set. Its point-estimate parameters (plain ``nn.Parameter``s, the parts that are not
     Bayesian) are first fitted by MAP (``fit_svi(guide="delta")`` for ``map_steps`` steps), then
-    held fixed, shared by every chain, while sampling; ``record["point_estimates"]`` says which
+    held fixed, shared by every chain, while sampling. Exception: the many-chain kernels with
+    ``"map"`` or ``"ensemble"`` starts fit them in each start's MAP fit (from the model
+    re-initialised with ``seed + m`` for start ``m``), and every chain keeps its start's values
+    (``posterior.members``, ``(chain, draw, *shape)``): a deep ensemble's features with the
+    Bayesian parts sampled around each member. ``record["point_estimates"]`` says which
     and how. Ctrl-C stops sampling and returns the draws so far as a Posterior with
     ``record["partial"] = True`` (chains cut to a common length; NUTS/HMC chains in worker
     processes lose their per-draw statistics).
@@ -273,7 +277,10 @@ def fit_mcmc(
             f"sequence; it is supported for at most {MAX_LOCAL_SEQUENCES} short sequences, got "
             f"{len(data)}: subsample the data, or fit it with fit_svi (amortized guide)"
         )
-    point_estimates = _fit_point_estimates(model, data, map_steps, device, seed, progress)
+    per_start = many and init in ("map", "ensemble")  # the MAP starts fit them per start
+    point_estimates = None
+    if not per_start:
+        point_estimates = _fit_point_estimates(model, data, map_steps, device, seed, progress)
     if point_estimates is not None:
         model = point_estimates.pop("model")
     model.eval()  # dropout off: HMC needs a deterministic density
@@ -290,7 +297,7 @@ def fit_mcmc(
         jit_compile=jit_compile,
     )
     if many:
-        samples, stats, extra = run_many_chains(
+        samples, members, stats, extra = run_many_chains(
             model,
             train,
             kernel=kernel,
@@ -307,7 +314,9 @@ def fit_mcmc(
             progress=progress,
         )
         extra["parallel"] = False
+        point_estimates = extra.pop("point_estimates")
     else:
+        members = None
         samples, stats, extra = run_pyro_kernel(
             model, train, kept, settings, step_size, seed, progress
         )
@@ -327,7 +336,9 @@ def fit_mcmc(
     )
     if kept[1]:  # local latents kept: a pass over exactly these rows is conditioned on them
         record["training_data_sha256"] = rows_digest(train.x, train.y, train.mask)
-    return Posterior(model, samples=samples, record=record, example=example_of(train))
+    return Posterior(
+        model, samples=samples, members=members, record=record, example=example_of(train)
+    )
 
 
 def _check_starts(kernel: str, init: object, num_starts: object, num_chains: int) -> None:

@@ -655,3 +655,37 @@ def test_mclmc_tunes_a_badly_scaled_posterior_without_crashing():
     )
     assert 0 < post.record["adapted_step_size"] < math.inf
     assert 0 < post.record["adapted_L"] < math.inf
+
+
+def test_ensemble_starts_fit_the_plain_parameters_per_start_and_each_chain_keeps_its_own(
+    tmp_path,
+):
+    """A model with point-estimate parts: each MAP start fits them (from the model
+    re-initialised with seed + m), and the chains of a superchain share their start's values."""
+    model = SequenceClassifier(3, 3, 4, d_model=4, num_heads=2, num_layers=1, d_ff=4, dropout=0.0)
+    names = {name for name, _ in model.named_parameters()}
+    post = chees(
+        model, classifier_data(), num_chains=4, num_starts=2, init="ensemble", num_warmup=4,
+        num_samples=3, map_steps=20, seed=1,
+    )  # fmt: skip
+    estimates = post.record["point_estimates"]
+    assert (estimates["method"], estimates["per_chain"], estimates["num_steps"]) == (
+        "map, per start",
+        True,
+        20,
+    )
+    assert set(estimates["parameters"]) == names
+    assert set(post.members) == names
+    weight = post.members["embedding.projection.weight"]  # (chain, draw, d_model, F)
+    assert weight.shape == (4, 3, 4, 3)
+    assert torch.equal(weight[0], weight[1]) and torch.equal(weight[2], weight[3])
+    assert not torch.allclose(weight[0], weight[2])  # two starts, two fits
+    assert torch.equal(weight[:, 0], weight[:, 2])  # held fixed while sampling
+    # the draws are an MCMC posterior, judged by R-hat: not "independently fitted members"
+    verdict = "\n".join(post.diagnose(verbose=False).attrs["verdict"])
+    assert "independently fitted members" not in verdict and "R-hat" in verdict
+    x = classifier_data().x
+    probs = post.predict(x, num_samples=None).probs  # one pass per draw, its chain's values
+    assert probs.shape == (12, 6, 3)
+    post.save(tmp_path / "run")
+    assert torch.equal(load_posterior(tmp_path / "run").predict(x, num_samples=None).probs, probs)

@@ -39,7 +39,12 @@ and predictive draws only):
   (5) x the ensemble's fit seconds of the same data set and seed, measured in the same process
   (``RUN_ORDER`` runs the ensemble first; without that row, a timed ensemble pilot estimates
   them); ``plan_chees`` cuts the MAP steps and transitions from timed K-chain gradients (see
-  Budget).
+  Budget);
+- ``chees-perchain``: the same ChEES fit of ``MODEL`` itself (its latent parts: attention
+  projections, logit scales, head), whose point-estimate parts (embedding, FFN, LayerNorm) each
+  MAP start fits, from the model re-initialised with its own seed, and each chain keeps: a deep
+  ensemble's features with the Bayesian parts sampled around every member (eval mode: dropout
+  off while sampling).
 
 Every other method fits the same ``SequenceClassifier`` (``MODEL``: d_model 32, 4 heads, 1
 layer, d_ff 64, dropout 0.1; latent attention projections, logit scales and output head, the
@@ -130,11 +135,14 @@ TITLE = "Uncertainty quality: SVI, NUTS and ChEES against MAP, MC dropout and de
 BUDGET_S = 300.0
 
 SEEDS = (0, 1, 2)
-BAYESIAN = ("svi-meanfield", "svi-lowrank", "svi-stochastic", "nuts", "chees")
+#: The ChEES rows: every part latent, or the model's own latent parts with each chain keeping
+#: its ensemble start's point estimates (``fit_mcmc``'s per-start plain parameters).
+CHEES_METHODS = ("chees", "chees-perchain")
+BAYESIAN = ("svi-meanfield", "svi-lowrank", "svi-stochastic", "nuts", *CHEES_METHODS)
 CHEAP = ("map", "mc-dropout", "ensemble", "ensemble-batched")
 METHODS = BAYESIAN + CHEAP
 #: The order rows run in: ChEES after the ensemble, whose fit seconds set its budget.
-RUN_ORDER = tuple(m for m in METHODS if m != "chees") + ("chees",)
+RUN_ORDER = tuple(m for m in METHODS if m not in CHEES_METHODS) + CHEES_METHODS
 #: The model of every method but NUTS and ChEES.
 MODEL = dict(d_model=32, num_heads=4, num_layers=1, d_ff=64, dropout=0.1)
 #: ChEES's model: ``MODEL`` with every part latent and no dropout (MCMC runs in eval mode).
@@ -614,7 +622,7 @@ def run_row(key: str, ctx: Context) -> dict:
     model = classifier(method, train, len(data.class_names))
     if method == "nuts":
         post, fit = fit_nuts(model, train, sizes, fit_seed, ctx)
-    elif method == "chees":
+    elif method in CHEES_METHODS:
         ensemble_seconds = _ENSEMBLE_SECONDS.get((name, fit_seed, sizes))
         basis = "measured in this process" if ensemble_seconds else "pilot"
         if ensemble_seconds is None:
@@ -691,7 +699,7 @@ def _best(methods: dict[str, list[dict]], key: str, higher: bool, names=METHODS)
 
 def _setting_line(name: str, methods: dict[str, list[dict]]) -> str:
     """What the data set's rows ran: sizes, held-out classes, fit settings."""
-    optimised = next((g[0] for m, g in methods.items() if m not in ("nuts", "chees")), None)
+    optimised = next((g[0] for m, g in methods.items() if m not in ("nuts", *CHEES_METHODS)), None)
     any_row = next(iter(methods.values()))[0]
     held_out = any_row["holdout_classes"]
     parts = [
@@ -712,16 +720,18 @@ def _setting_line(name: str, methods: dict[str, list[dict]]) -> str:
             f"NUTS: {n['num_train']} training rows, 1 chain of {n['settings']['num_warmup']} + "
             f"{n['planned_draws']} transitions, tree depth <= {n['settings']['max_tree_depth']}"
         )
-    if "chees" in methods:
-        group = methods["chees"]
+    for method in CHEES_METHODS:
+        if method not in methods:
+            continue
+        group = methods[method]
         c = group[0]["settings"]
 
-        def span(key: str) -> str:
+        def span(key: str, group: list[dict] = group) -> str:
             low, high = (f(r["settings"][key] for r in group) for f in (min, max))
             return f"{low}" if low == high else f"{low}-{high}"
 
         parts.append(
-            f"ChEES: {group[0]['num_train']:,} training rows, {c['num_chains']} chains from "
+            f"{method}: {group[0]['num_train']:,} training rows, {c['num_chains']} chains from "
             f"{c['num_starts']} MAP starts (map_steps {span('map_steps')}), {span('num_warmup')} + "
             f"{span('num_samples')} transitions per chain"
         )
@@ -858,9 +868,7 @@ def _reading(groups: dict[str, dict[str, list[dict]]]) -> list[str]:
             + (f"; test accuracy against MAP: {'; '.join(gaps)}" if gaps else "")
             + "."
         )
-    chees = _chees_reading(groups)
-    if chees:
-        lines.append(chees)
+    lines += [line for m in CHEES_METHODS if (line := _chees_reading(groups, m))]
     cut = [
         f"{row['dataset']}/{row['method']}/{row['seed']}"
         for methods in groups.values()
@@ -875,18 +883,18 @@ def _reading(groups: dict[str, dict[str, list[dict]]]) -> list[str]:
     return lines
 
 
-def _chees_reading(groups: dict[str, dict[str, list[dict]]]) -> str | None:
+def _chees_reading(groups: dict[str, dict[str, list[dict]]], method: str) -> str | None:
     """ChEES against the ensemble on the seeds both have, the issue's goal per data set: mean
     NLL <= the ensemble's + tolerance, mean OOD AUROC (entropy) >= the ensemble's - tolerance
     (tolerance: the larger sd over seeds of the two, at least 0.005), every seed's fit within
     ``CHEES_COST_RATIO`` x the ensemble's fit seconds of the same process."""
     verdicts = []
     for name, methods in groups.items():
-        seeds = {r["seed"] for r in methods.get("chees", [])}
+        seeds = {r["seed"] for r in methods.get(method, [])}
         seeds &= {r["seed"] for r in methods.get("ensemble", [])}
         if not seeds:
             continue
-        new = [r for r in methods["chees"] if r["seed"] in seeds]
+        new = [r for r in methods[method] if r["seed"] in seeds]
         ens = [r for r in methods["ensemble"] if r["seed"] in seeds]
         misses = []
         for key, title, sign in (("nll", "NLL", 1), ("auroc_entropy", "OOD AUROC", -1)):
@@ -902,11 +910,11 @@ def _chees_reading(groups: dict[str, dict[str, list[dict]]]) -> str | None:
             + ("met" if not misses else "missed: " + ", ".join(misses))
             + f" (fit {ratio:.1f}x the ensemble's at most)"
         )
-    rows = [row for methods in groups.values() for row in methods.get("chees", [])]
+    rows = [row for methods in groups.values() for row in methods.get(method, [])]
     if not rows:
         return None
     return (
-        "- **ChEES against the ensemble** (the goal: mean NLL within, and mean OOD AUROC by "
+        f"- **{method} against the ensemble** (the goal: mean NLL within, and mean OOD AUROC by "
         "entropy within, the larger seed sd of the two (at least 0.005) of the ensemble's, at "
         f"<= {CHEES_COST_RATIO:g}x its fit seconds): "
         + ("; ".join(verdicts) if verdicts else "no ensemble rows to compare")
@@ -966,7 +974,7 @@ def plot(rows: dict[str, dict], ctx: Context) -> list[Path]:
         return []
     fig = Figure(figsize=(4 * len(groups), 3.8), layout="constrained")
     axes = fig.subplots(1, len(groups), squeeze=False)[0]
-    markers = dict(zip(METHODS, "os^D*vPXh", strict=True))
+    markers = dict(zip(METHODS, "os^D*8vPXh", strict=True))
     for ax, (name, methods) in zip(axes, groups.items(), strict=True):
         for method, group in methods.items():
             ax.errorbar(

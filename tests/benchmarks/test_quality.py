@@ -82,25 +82,25 @@ def row(method: str, seed: int, nll: float, auroc: float, ratio: float = 1.0) ->
 def test_the_chees_reading_applies_the_goals_tolerances_and_cost_ratio():
     ensemble = [row("ensemble", s, 0.100, 0.90) for s in range(3)]
     within = [row("chees", s, 0.104, 0.896, ratio=4.0) for s in range(3)]  # within 0.005
-    text = quality._chees_reading({"digits": {"chees": within, "ensemble": ensemble}})
+    text = quality._chees_reading({"digits": {"chees": within, "ensemble": ensemble}}, "chees")
     assert "digits (seeds 0, 1, 2): met" in text
     worse_nll = [row("chees", s, 0.106, 0.90) for s in range(3)]
-    text = quality._chees_reading({"digits": {"chees": worse_nll, "ensemble": ensemble}})
+    text = quality._chees_reading({"digits": {"chees": worse_nll, "ensemble": ensemble}}, "chees")
     assert "missed: NLL 0.106 vs 0.100 (tolerance 0.005)" in text
     spread = [row("chees", s, 0.106 + 0.01 * (s - 1), 0.90) for s in range(3)]  # sd 0.01
-    text = quality._chees_reading({"digits": {"chees": spread, "ensemble": ensemble}})
+    text = quality._chees_reading({"digits": {"chees": spread, "ensemble": ensemble}}, "chees")
     assert ": met" in text
     slow = [row("chees", s, 0.100, 0.90, ratio=5.5) for s in range(3)]
-    text = quality._chees_reading({"digits": {"chees": slow, "ensemble": ensemble}})
+    text = quality._chees_reading({"digits": {"chees": slow, "ensemble": ensemble}}, "chees")
     assert "missed: fit up to 5.5x" in text
     low_auroc = [row("chees", s, 0.100, 0.89) for s in range(3)]
-    text = quality._chees_reading({"digits": {"chees": low_auroc, "ensemble": ensemble}})
+    text = quality._chees_reading({"digits": {"chees": low_auroc, "ensemble": ensemble}}, "chees")
     assert "missed: OOD AUROC 0.890 vs 0.900" in text
 
 
 def test_the_chees_reading_compares_only_the_seeds_both_methods_have():
     ensemble = [row("ensemble", 0, 0.100, 0.90)] + [row("ensemble", s, 0.050, 0.99) for s in (1, 2)]
     text = quality._chees_reading(
-        {"digits": {"chees": [row("chees", 0, 0.102, 0.90)], "ensemble": ensemble}}
+        {"digits": {"chees": [row("chees", 0, 0.102, 0.90)], "ensemble": ensemble}}, "chees"
     )
     assert "digits (seed 0): met" in text

@@ -76,7 +76,7 @@ def fit_batched(
         except ValueError as e:
             raise MembersDoNotVectorize(
                 f"fit_ensemble cannot batch the members of {type(model).__name__} (their "
-                "latents and plain parameters arrive as (members, 1, *shape)): {e}; "
+                f"latents and plain parameters arrive as (members, 1, *shape)): {e}; "
                 "fit_ensemble(batched=False) fits them one at a time"
             ) from e
         density.model.train()

@@ -69,7 +69,7 @@ def run_many_chains(
     map_steps: int,
     seed: int,
     progress: bool,
-) -> tuple[dict, dict, dict]:
+) -> tuple[dict, dict | None, dict, dict]:
     """Sample ``model`` (eval mode, point estimates fixed) on ``train`` with K chains.
 
     With ``"map"``/``"ensemble"`` starts the model's plain parameters are fitted per start
@@ -109,11 +109,10 @@ def run_many_chains(
             density.check(starts)  # ... and with a plain-parameter value per start
         if init in ("map", "ensemble"):
             starts = map_fit(density, starts, map_steps, progress=progress)
-    per_start_values = density.parameters
-    if per_start:
+    if per_start:  # each chain keeps its start's fitted values
         density.parameters = {
             name: value.detach().repeat_interleave(num_chains // num_starts, dim=0)
-            for name, value in per_start_values.items()
+            for name, value in density.parameters.items()
         }
     z0 = starts.repeat_interleave(num_chains // num_starts, dim=0)
     _check_finite(density, z0)

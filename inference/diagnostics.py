@@ -11,11 +11,14 @@ import warnings
 
 import numpy as np
 import pandas as pd
+import torch
 
+from probtransformer.attention import BayesMultiheadAttention
 from probtransformer.datasets import SequenceData
 from probtransformer.inference._arviz import az, ess, pareto_khat, rhat, rhat_nested
 from probtransformer.inference.arviz import superchain_ids, with_superchain
 from probtransformer.inference.guides import AmortizedGuide
+from probtransformer.layers import BayesLinear
 
 #: Thresholds of the verdict (Vehtari et al. 2021 for R-hat/ESS; Vehtari et al. 2024 for k-hat).
 RHAT_MAX = 1.01
@@ -154,7 +157,7 @@ def diagnose(
     elif table["r_hat_max"].isna().all():
         verdict.append("n/a   R-hat and ESS: too few draws per chain (need at least 4)")
     elif many:
-        verdict.extend(_many_chain_lines(table, superchain))
+        verdict.extend(_many_chain_lines(table, superchain, has_unit_symmetries(posterior.model)))
     else:
         worst = table["r_hat_max"].max()
         verdict.append(_flag(worst > RHAT_MAX, f"max R-hat {worst:.3f} (flag > {RHAT_MAX})"))
@@ -298,20 +301,39 @@ def _figures(values: np.ndarray, superchain: np.ndarray) -> dict[str, float]:
     )
 
 
-def _many_chain_lines(table: pd.DataFrame, superchain: np.ndarray) -> list[str]:
-    """Verdict lines for ``MANY_CHAINS`` or more chains: weight space as information, the
-    predictive figures of ``table.attrs["predictive"]`` flagged."""
+def has_unit_symmetries(model) -> bool:
+    """Whether permuting heads or hidden units leaves ``model``'s function unchanged: it has
+    multi-head attention or two or more linear layers (a hidden layer). Then equivalent modes
+    make weight-space R-hat uninformative."""
+    modules = list(model.modules())
+    linear = sum(isinstance(m, BayesLinear | torch.nn.Linear) for m in modules)
+    return linear >= 2 or any(isinstance(m, BayesMultiheadAttention) for m in modules)
+
+
+def _many_chain_lines(table: pd.DataFrame, superchain: np.ndarray, symmetric: bool) -> list[str]:
+    """Verdict lines for ``MANY_CHAINS`` or more chains: the predictive figures of
+    ``table.attrs["predictive"]`` flagged; weight space as information when the model has
+    head or unit symmetries (``has_unit_symmetries``), flagged by nested R-hat otherwise."""
     num_superchains = len(np.unique(superchain))
-    lines = [
-        "info  weight-space R-hat and ESS are information only: head and neuron symmetries "
-        "(permuted heads or hidden units compute the same function) let chains sit in "
-        "equivalent modes, which makes weight-space R-hat uninformative; the verdict checks "
-        "lp and probe log-likelihoods",
-        f"info  max R-hat {table['r_hat_max'].max():.3f}, max nested R-hat "
-        f"{table['nested_r_hat_max'].max():.3f} ({num_superchains} superchains of "
-        f"{len(superchain) // num_superchains} chain(s)), min bulk ESS "
-        f"{table['ess_bulk_min'].min():.0f}, min tail ESS {table['ess_tail_min'].min():.0f}",
-    ]
+    nested = table["nested_r_hat_max"].max()
+    weights = (
+        f"max R-hat {table['r_hat_max'].max():.3f}, max nested R-hat {nested:.3f} "
+        f"({num_superchains} superchains of {len(superchain) // num_superchains} chain(s)), min "
+        f"bulk ESS {table['ess_bulk_min'].min():.0f}, min tail ESS "
+        f"{table['ess_tail_min'].min():.0f}"
+    )
+    if symmetric:
+        lines = [
+            "info  weight-space R-hat and ESS are information only: head and neuron symmetries "
+            "(permuted heads or hidden units compute the same function) let chains sit in "
+            "equivalent modes, which makes weight-space R-hat uninformative; the verdict checks "
+            "lp and probe log-likelihoods",
+            f"info  {weights}",
+        ]
+    else:
+        lines = [
+            _flag(nested > NESTED_RHAT_MAX, f"{weights} (flag nested R-hat > {NESTED_RHAT_MAX})")
+        ]
     predictive = table.attrs["predictive"]
     for key, label, missing in (
         ("lp", "lp", "the sampler recorded no finite lp"),

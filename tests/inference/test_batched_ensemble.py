@@ -96,9 +96,8 @@ def regression() -> SequenceData:
 
 def test_a_model_whose_members_do_not_vectorize(regression):
     fit = dict(n_members=2, num_steps=3, batch_size=12, progress=False)
-    with pytest.raises(
-        MembersDoNotVectorize, match=r"cannot batch .*\(members, 1, \*shape\)\): the model fails on .*batched=False"
-    ):
+    words = r"cannot batch .*\(members, 1, \*shape\)\): the model fails on .*batched=False"
+    with pytest.raises(MembersDoNotVectorize, match=words):
         fit_ensemble(PlainWeightRegression(), regression, batched=True, **fit)
     post = fit_ensemble(PlainWeightRegression(), regression, **fit)  # batched=None: sequential
     assert post.record["batched"] is False

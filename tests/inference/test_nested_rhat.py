@@ -15,7 +15,7 @@ import torch
 from arviz_stats.base import array_stats
 
 from probtransformer.datasets import SequenceData
-from probtransformer.inference import Posterior
+from probtransformer.inference import Posterior, diagnostics
 from probtransformer.inference._arviz import az, ess, rhat, rhat_nested
 from probtransformer.inference.diagnostics import (
     MANY_CHAINS,
@@ -23,8 +23,9 @@ from probtransformer.inference.diagnostics import (
     POOLED_ESS_MIN,
     PROBE_OBS,
     _variable_table,
+    has_unit_symmetries,
 )
-from probtransformer.models import BayesianLinearRegression
+from probtransformer.models import BayesianLinearRegression, SequenceClassifier
 
 NUM_DATA, DRAWS = 40, 100
 OLD_COLUMNS = ["size", "mean_sd", "r_hat_max", "ess_bulk_min", "ess_tail_min"]
@@ -203,14 +204,25 @@ def test_well_mixed_many_chains_pass(data):
         assert 1 <= figures["nested_r_hat"] < NESTED_RHAT_MAX
         assert figures["r_hat"] < NESTED_RHAT_MAX
         assert figures["ess_bulk"] > 1000  # 1,600 iid draws
+    # a linear regression has no head or unit symmetries: its weight-space nested R-hat is checked
     assert any(
-        line.startswith("info  weight-space R-hat and ESS are information only") for line in verdict
-    )
-    assert any(
-        line.startswith("info  max R-hat") and "4 superchains of 4 chain(s)" in line
+        line.startswith("ok    max R-hat") and "4 superchains of 4 chain(s)" in line
         for line in verdict
     )
     assert any(line.startswith("ok    E-BFMI min") and "over 16 chains" in line for line in verdict)
+
+
+def test_weight_space_is_information_only_for_models_with_unit_symmetries(data, monkeypatch):
+    assert has_unit_symmetries(SequenceClassifier(8, 10, 8, d_model=8, num_heads=2))
+    assert not has_unit_symmetries(BayesianLinearRegression(2))
+    monkeypatch.setattr(diagnostics, "has_unit_symmetries", lambda model: True)
+    post = _posterior(data, chains=16, starts=4, shift_sd=1.0)
+    verdict = post.diagnose(data, verbose=False).attrs["verdict"]
+    assert any(
+        line.startswith("info  weight-space R-hat and ESS are information only") for line in verdict
+    )
+    assert any(line.startswith("info  max R-hat") for line in verdict)
+    assert not any(line.startswith("WARN  max R-hat") for line in verdict)
 
 
 def test_superchains_at_different_means_are_flagged(data):
@@ -226,8 +238,7 @@ def test_superchains_at_different_means_are_flagged(data):
         line.startswith(f"WARN  max nested R-hat of the log-likelihoods of the first {PROBE_OBS}")
         for line in verdict
     )
-    assert not any("WARN  max R-hat" in line for line in verdict)  # weight space: information
-    assert any(line.startswith("info  max R-hat") for line in verdict)
+    assert any(line.startswith("WARN  max R-hat") for line in verdict)  # no symmetries here
 
 
 def test_a_slowly_mixing_lp_is_flagged_by_pooled_ess(data):

@@ -75,9 +75,11 @@ def diagnose(
     (``sample_stats``) and, with ``data``, of the pointwise log-likelihoods of the first
     ``PROBE_OBS`` training rows (max R-hat, min ESS over the rows). From ``MANY_CHAINS`` chains
     the verdict flags those instead: nested R-hat > ``NESTED_RHAT_MAX`` or pooled bulk ESS <
-    ``POOLED_ESS_MIN``; weight-space R-hat, nested R-hat and ESS are printed as information
-    (``info``), since head and neuron symmetries let chains sit in equivalent modes. With fewer
-    chains the verdict is the one above.
+    ``POOLED_ESS_MIN``; for models with head or unit symmetries (``has_unit_symmetries``:
+    attention, a hidden layer) weight-space R-hat, nested R-hat and ESS are printed as
+    information (``info``), since those symmetries let chains sit in equivalent modes; for
+    other models the weights' nested R-hat is flagged too. With fewer chains the verdict is the
+    one above.
 
     Args:
         posterior: a ``Posterior``.

@@ -74,28 +74,24 @@ def save_posterior(posterior, path: str | os.PathLike) -> None:
         "record": posterior.record,
     }
     tensors = {
-        "model_state": {k: v.cpu() for k, v in model.state_dict().items()},
-        "guide_state": (
-            None
-            if posterior.guide is None
-            else {k: v.cpu() for k, v in posterior.guide.state_dict().items()}
+        "model_state": _owned(model.state_dict()),
+        "guide_state": None if posterior.guide is None else _owned(posterior.guide.state_dict()),
+        "samples": None if posterior.samples is None else _owned(posterior.samples),
+        "example": _owned(
+            {"x": posterior.example.x, "y": posterior.example.y, "mask": posterior.example.mask}
         ),
-        "samples": (
-            None
-            if posterior.samples is None
-            else {k: v.cpu() for k, v in posterior.samples.items()}
-        ),
-        "example": {
-            "x": posterior.example.x,
-            "y": posterior.example.y,
-            "mask": posterior.example.mask,
-        },
     }
     if posterior.members is not None:  # only then: saves of other posteriors keep their layout
-        tensors["members"] = {k: v.cpu() for k, v in posterior.members.items()}
+        tensors["members"] = _owned(posterior.members)
     try:
         with staged_directory(target) as staging:
             (staging / META_FILE).write_text(json.dumps(meta, indent=1))
             torch.save(tensors, staging / TENSORS_FILE)
     except OSError as e:
         raise OSError(f"cannot save the posterior to {target}: {e.strerror or e}") from e
+
+
+def _owned(tensors: dict) -> dict:
+    """CPU copies with storage of their own: ``torch.save`` writes a view's whole storage, so the
+    example row, a slice of the data set, would otherwise carry every training row with it."""
+    return {k: None if v is None else v.detach().cpu().clone() for k, v in tensors.items()}

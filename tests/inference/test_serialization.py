@@ -33,6 +33,15 @@ def test_tensors_load_without_unpickling_objects(saved):
     assert all(isinstance(v, torch.Tensor) for v in tensors["guide_state"].values())
 
 
+def test_the_saved_example_row_does_not_carry_the_training_set(saved, small_posterior, digits):
+    """The example is a one-row view of the training data; saving a view writes its whole
+    storage, so it is copied first."""
+    assert small_posterior.example.x.untyped_storage().nbytes() > 100_000  # a view of the data
+    example = torch.load(saved / "tensors.pt", weights_only=True)["example"]
+    assert example["x"].untyped_storage().nbytes() == example["x"].numel() * 4
+    assert (saved / "tensors.pt").stat().st_size < 100_000
+
+
 def test_round_trip_gives_identical_predictions(saved, small_posterior, digits):
     loaded = load_posterior(saved)
     assert isinstance(loaded.model, SequenceClassifier)

@@ -118,6 +118,7 @@ class TransformerModel(SequenceModel):
             bayesian="embedding" in config.bayesian,
             prior=config.weight_prior,
             grid=config.grid,
+            positions=config.positions,
         )
         self.encoder = TransformerEncoder(
             config.num_layers,

@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields
 
 from probtransformer import priors
 from probtransformer.block import BAYESIAN_PARTS
+from probtransformer.positional import POSITIONS
 from probtransformer.validation import check_int, check_sizes
 
 __all__ = ["OPTIONS", "EncoderConfig", "takes_encoder_options"]
@@ -62,6 +63,10 @@ class EncoderConfig:
     norm_first: bool = True  # pre-norm: trains without warm-up at these small sizes
     layer_norm: bool = True  # False is the LayerNorm ablation of benchmarks/claims.py
     hard_attention: bool = False  # True is the hard-attention ablation of benchmarks/claims.py
+    # How steps know their position: "sinusoidal" codes added to the embedding (Vaswani et al.
+    # 2017; every run saved before the option existed), "learned" absolute positions, "rotary"
+    # (RoPE in self-attention), or "none" (with an ALiBiSlopePrior, or no positions at all).
+    positions: str = "sinusoidal"
     # Attention projections and the head latent, the rest point estimates: latent attention is
     # what the package is about, the latent head carries the predictive uncertainty, and keeping
     # the embedding and feed-forward deterministic keeps mean-field SVI fast (stored as a
@@ -99,6 +104,18 @@ class EncoderConfig:
         for name in ("layer_norm", "hard_attention"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.positions not in POSITIONS:
+            raise ValueError(f"positions must be one of {POSITIONS}, got {self.positions!r}")
+        if self.grid is not None and self.positions != "sinusoidal":
+            raise ValueError(
+                f"grid gives image patches 2-D sinusoidal positions; got positions="
+                f"{self.positions!r}: leave positions at 'sinusoidal' or drop grid"
+            )
+        if self.positions == "rotary" and (self.d_model // self.num_heads) % 2:
+            raise ValueError(
+                "rotary positions rotate pairs of features: d_model / num_heads must be even, "
+                f"got {self.d_model} / {self.num_heads}"
+            )
         grid = self.grid
         if grid is not None:
             if not (isinstance(grid, (tuple, list)) and len(grid) == 2):
@@ -145,13 +162,15 @@ class EncoderConfig:
             head_prior=self.head_prior,
             layer_norm=self.layer_norm,
             hard_attention=self.hard_attention,
+            rotary=self.positions == "rotary",
         )
 
     def to_dict(self) -> dict:
         """The encoder's part of the model protocol's JSON ``config`` (priors as dicts).
 
-        ``grid``, ``layer_norm=False`` and ``hard_attention=True`` are recorded only when set,
-        so configs saved before those options existed load as they are.
+        ``grid``, ``layer_norm=False``, ``hard_attention=True`` and ``positions`` other than
+        ``"sinusoidal"`` are recorded only when set, so configs saved before those options
+        existed load as they are (a missing key means the old behaviour).
         """
         specs = self.attention_prior
         config = dict(
@@ -171,6 +190,8 @@ class EncoderConfig:
             config["layer_norm"] = False
         if self.hard_attention:
             config["hard_attention"] = True
+        if self.positions != "sinusoidal":
+            config["positions"] = self.positions
         return config
 
 
@@ -184,6 +205,7 @@ OPTIONS = (
     "norm_first",
     "layer_norm",
     "hard_attention",
+    "positions",
     "bayesian",
     "weight_prior",
     "attention_prior",

@@ -38,6 +38,11 @@ class SequenceClassifier(TransformerModel):
         layer_norm: False removes every LayerNorm, residuals kept (an ablation).
         hard_attention: each query takes the value of its top-scoring key only, with
             straight-through gradients (an ablation; see ``BayesMultiheadAttention``).
+        positions: ``"sinusoidal"`` (codes added to the embedding, Vaswani et al. 2017),
+            ``"learned"`` (an added table; latent when the embedding is), ``"rotary"`` (RoPE, Su
+            et al. 2021: self-attention rotates queries and keys, so logits depend on relative
+            offsets; needs an even ``d_model / num_heads``) or ``"none"`` (e.g. with
+            ``priors.ALiBiSlopePrior``).
         bayesian: latent parts, any of ``("embedding", "attention", "ffn", "norm", "head")``.
         weight_prior: prior spec of latent weights. The default, ``priors.Normal(3.0)`` (sd
             ``3 / sqrt(fan_in)``), was chosen on the digits validation split: the
@@ -46,8 +51,9 @@ class SequenceClassifier(TransformerModel):
         attention_prior: prior(s) on the attention logits: None, or any of
             ``priors.LogitScalePrior`` (the default, a per-head temperature),
             ``priors.AttentionLogitPrior`` (guidance: domain knowledge as a prior attention
-            distribution) and ``priors.StochasticAttentionPrior`` (attention logits as local
-            latents, Fan et al. 2020), alone or as a tuple.
+            distribution), ``priors.StochasticAttentionPrior`` (attention logits as local
+            latents, Fan et al. 2020) and ``priors.ALiBiSlopePrior`` (a distance-decay bias with
+            a latent slope per head, Press et al. 2022), alone or as a tuple.
         head_prior: ``priors.HeadGatePrior()`` puts horseshoe-style gates on the heads (see
             ``Posterior.head_importance``); None for none.
 
@@ -59,7 +65,9 @@ class SequenceClassifier(TransformerModel):
     Raises:
         ValueError: unknown ``bayesian`` part or ``pooling``, sizes < 1 (``num_classes`` < 2),
             ``d_model`` not a multiple of ``num_heads``, both or neither of ``in_features`` and
-            ``vocab_size``, a ``grid`` that does not hold ``max_len`` patches.
+            ``vocab_size``, a ``grid`` that does not hold ``max_len`` patches; an unknown
+            ``positions``, a ``grid`` with positions other than sinusoidal, ``"rotary"`` with an
+            odd ``d_model / num_heads``.
         TypeError: ``bayesian`` not strings, or a prior of the wrong spec type.
         ValueError: an attention guidance that does not fit ``max_len`` (plus 1 with CLS).
     """

@@ -16,6 +16,7 @@ from torch import nn
 
 from probtransformer import priors
 from probtransformer.layers import align_draws, batched_linear, flatten_draws
+from probtransformer.positional import rotary_angles, rotate
 
 _DATA_PLATE: contextvars.ContextVar = contextvars.ContextVar("data_plate", default=None)
 _AMORTIZED_GUIDE: contextvars.ContextVar = contextvars.ContextVar("amortized_guide", default=None)
@@ -88,6 +89,11 @@ def _logit_scale_prior(module: BayesMultiheadAttention):
     return spec.distribution(module.num_heads, device=module.device_anchor.device)
 
 
+def _alibi_slope_prior(module: BayesMultiheadAttention):
+    spec = module.priors[priors.ALiBiSlopePrior]
+    return spec.distribution(module.num_heads, device=module.device_anchor.device)
+
+
 def _logit_offset_prior(module: BayesMultiheadAttention):
     T = module.max_len
     spec = module.priors[priors.AttentionLogitPrior]
@@ -124,6 +130,8 @@ class BayesMultiheadAttention(PyroModule):
       ``logit_scale``; only with Bayesian projections).
     - ``priors.AttentionLogitPrior``: guidance, ``s -> s + log P + ε`` with a latent per-head
       ``(max_len, max_len)`` offset ``ε ~ N(0, 1 / strength)`` (site ``logit_offset``).
+    - ``priors.ALiBiSlopePrior``: a distance-decay bias ``s -> s - m_h |i - j|`` with a latent
+      slope per head (site ``alibi_slope``; Press et al. 2022, the slopes learned).
     - ``priors.StochasticAttentionPrior``: the logits become local latents (site
       ``attention_logits``, one ``(H, Tq, Tk)`` event per sequence, in the model's data plate)
       with a contextual prior mean from the keys and per-head noise scales (site
@@ -146,6 +154,8 @@ class BayesMultiheadAttention(PyroModule):
         head_prior: ``priors.HeadGatePrior`` or None.
         max_len: longest sequence the attention sees (required with ``AttentionLogitPrior``).
         dropout: dropout probability on the attention weights during training.
+        rotary: rotate the queries and keys of self-attention by their positions (RoPE, Su et
+            al. 2021), so the logits depend on relative offsets only; needs an even ``d_head``.
         hard: hard selection of the top key: each query takes the value of the key with the
             largest attention weight only (weights one-hot; ties go to the first key). Gradients
             pass through the softmax weights (straight-through estimator, Bengio et al. 2013),
@@ -153,8 +163,8 @@ class BayesMultiheadAttention(PyroModule):
             ``benchmarks/claims.py``.
 
     Raises:
-        ValueError: ``d_model`` not divisible by ``num_heads``, sizes < 1, or guidance without
-            ``max_len``.
+        ValueError: ``d_model`` not divisible by ``num_heads``, sizes < 1, guidance without
+            ``max_len``, or ``rotary`` with an odd ``d_head``.
         TypeError: a prior of the wrong spec type.
     """
 
@@ -167,6 +177,7 @@ class BayesMultiheadAttention(PyroModule):
         "projection": ("qkvo", "out_features", "in_features_and_bias"),
         "logit_scale": ("head",),
         "logit_offset": ("head", "query", "key"),
+        "alibi_slope": ("head",),
         "noise_scale": ("head",),
         "head_global_scale": (),
         "head_local_scale": ("head",),
@@ -183,6 +194,7 @@ class BayesMultiheadAttention(PyroModule):
         head_prior: priors.HeadGatePrior | None = None,
         max_len: int | None = None,
         dropout: float = 0.0,
+        rotary: bool = False,
         hard: bool = False,
     ) -> None:
         super().__init__()
@@ -199,6 +211,12 @@ class BayesMultiheadAttention(PyroModule):
         self.d_model = d_model
         self.num_heads = num_heads
         self.d_head = d_model // num_heads
+        if rotary and self.d_head % 2:
+            raise ValueError(
+                f"rotary positions rotate pairs of features: d_head = d_model / num_heads must be "
+                f"even, got {d_model} / {num_heads} = {self.d_head}"
+            )
+        self.rotary = rotary
         self.bayesian = bayesian
         self.weight_prior = weight_prior or priors.Normal()
         self.priors = {type(spec): spec for spec in priors.attention_specs(attention_prior)}
@@ -221,6 +239,8 @@ class BayesMultiheadAttention(PyroModule):
                 raise ValueError(f"an AttentionLogitPrior needs max_len >= 1, got {max_len!r}")
             self.priors[priors.AttentionLogitPrior].log_guidance(max_len, None, device="cpu")
             self.logit_offset = PyroSample(_logit_offset_prior)
+        if priors.ALiBiSlopePrior in self.priors:
+            self.alibi_slope = PyroSample(_alibi_slope_prior)
         self.stochastic = priors.StochasticAttentionPrior in self.priors
         if self.stochastic:
             self.noise_scale = PyroSample(_noise_scale_prior)
@@ -293,6 +313,9 @@ class BayesMultiheadAttention(PyroModule):
         q = q.view(S, N, Tq, nh, hs).transpose(2, 3)  # (S, N, H', Tq, hs)
         k = k.view(k.shape[0], N, Tk, nh, hs).transpose(2, 3)  # (S, N, H', Tk, hs)
         v = v.view(v.shape[0], N, Tk, nh, hs).transpose(2, 3)  # (S, N, H', Tk, hs)
+        if self.rotary and key_value is None:
+            cos, sin = rotary_angles(torch.arange(Tq, device=q.device), hs)
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         # the scales go on the (Tq, d_head) queries rather than the (Tq, Tk) logits: same
         # logits, fewer operations whenever T > d_head
         scale = 1.0 / math.sqrt(hs)
@@ -302,6 +325,14 @@ class BayesMultiheadAttention(PyroModule):
         logits = (q * scale) @ k.transpose(-1, -2)  # (S, N, H', Tq, Tk)
         allowed = _allowed(key_padding_mask, attn_mask)
         prior_terms = 0.0
+        if priors.ALiBiSlopePrior in self.priors:
+            slope = flatten_draws(self.alibi_slope, 1)[:, heads]  # (s, H')
+            offsets = torch.arange(Tq, device=logits.device)[:, None] - torch.arange(
+                Tk, device=logits.device
+            )
+            distance = offsets.abs().to(logits.dtype)  # (Tq, Tk): |i - j|
+            prior_terms = -slope.view(slope.shape[0], 1, nh, 1, 1) * distance
+            logits = logits + prior_terms
         if priors.AttentionLogitPrior in self.priors:
             spec = self.priors[priors.AttentionLogitPrior]
             log_p = spec.log_guidance(Tq, key_padding_mask, device=logits.device)  # ([N,] T, T)
@@ -312,10 +343,11 @@ class BayesMultiheadAttention(PyroModule):
                 )
             log_p = log_p.view(1, -1, 1, Tq, Tk)  # (1, N or 1, 1, T, T)
             offset = flatten_draws(self.logit_offset, 3)[:, heads, :Tq, :Tk]  # (s, H', T, T)
-            prior_terms = log_p.masked_fill(log_p == -math.inf, 0.0) + offset[:, None]
+            guidance = log_p.masked_fill(log_p == -math.inf, 0.0) + offset[:, None]
+            prior_terms = prior_terms + guidance
             guided = log_p > -math.inf
             allowed = guided if allowed is None else allowed & guided
-            logits = logits + prior_terms
+            logits = logits + guidance
         if self.stochastic:
             logits = self._stochastic_logits(logits, k, prior_terms, allowed, heads)
         weights = masked_softmax(logits, allowed)

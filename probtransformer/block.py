@@ -62,6 +62,7 @@ class TransformerBlock(PyroModule):
         norm_first: pre-norm if True, post-norm otherwise.
         layer_norm: False replaces every LayerNorm by the identity.
         hard_attention: attention takes the value of its top-scoring key only.
+        rotary: self-attention rotates queries and keys by position (RoPE).
         bayesian: which of "attention", "ffn", "norm" are latent.
         weight_prior: prior spec of latent weights.
         attention_prior: prior spec(s) of the attention logits (see ``BayesMultiheadAttention``).
@@ -88,6 +89,7 @@ class TransformerBlock(PyroModule):
         max_len: int | None = None,
         layer_norm: bool = True,
         hard_attention: bool = False,
+        rotary: bool = False,
     ) -> None:
         super().__init__()
         self.norm_first = norm_first
@@ -102,6 +104,7 @@ class TransformerBlock(PyroModule):
             head_prior=head_prior,
             max_len=max_len,
             dropout=dropout,
+            rotary=rotary,
             hard=hard_attention,
         )
         self.ffn = (

@@ -9,7 +9,7 @@ from torch import nn
 
 from probtransformer import priors
 from probtransformer.layers import BayesLinear, flatten_draws
-from probtransformer.positional import SinusoidalPositionalEncoding
+from probtransformer.positional import LearnedPositionalEncoding, SinusoidalPositionalEncoding
 
 
 def _cls_prior(module: FeatureEmbedding):
@@ -18,7 +18,7 @@ def _cls_prior(module: FeatureEmbedding):
 
 
 class FeatureEmbedding(PyroModule):
-    """Projects each step's ``F`` features to ``d_model`` and adds sinusoidal positions.
+    """Projects each step's ``F`` features to ``d_model`` and adds positions.
 
     With ``cls_token=True`` a learned classification token is prepended (BERT, Devlin et al.
     2019), so sequences grow by one step and the mask gains a leading True column.
@@ -32,6 +32,9 @@ class FeatureEmbedding(PyroModule):
         prior: prior spec of the projection.
         grid: ``(rows, cols)`` when the steps are image patches in row-major order: 2-D
             positions (see ``SinusoidalPositionalEncoding``).
+        positions: ``"sinusoidal"`` (added codes), ``"learned"`` (an added table, latent with
+            ``bayesian``), or ``"rotary"``/``"none"`` (nothing added: rotary positions act in
+            attention, an ``ALiBiSlopePrior`` or no positions at all).
 
     Shapes:
         ``forward(x (N, T, F), mask (N, T) | None)`` -> ``h (s, N, T', d)``, ``mask (N, T') | None``
@@ -50,14 +53,22 @@ class FeatureEmbedding(PyroModule):
         bayesian: bool = False,
         prior: priors.Normal | None = None,
         grid: tuple[int, int] | None = None,
+        positions: str = "sinusoidal",
     ) -> None:
         super().__init__()
         self.d_model = d_model
         self.bayesian = bayesian
         self.projection = self._projection(in_features, d_model, bayesian, prior)
-        self.positional = SinusoidalPositionalEncoding(
-            d_model, max_len, grid=grid, leading=int(cls_token)
-        )
+        if positions == "sinusoidal":
+            self.positional = SinusoidalPositionalEncoding(
+                d_model, max_len, grid=grid, leading=int(cls_token)
+            )
+        elif positions == "learned":
+            self.positional = LearnedPositionalEncoding(
+                d_model, max_len, leading=int(cls_token), bayesian=bayesian
+            )
+        else:
+            self.positional = nn.Identity()
         self.register_buffer("device_anchor", torch.zeros(()), persistent=False)
         if not cls_token:
             self.cls = None

@@ -385,8 +385,38 @@ class HeadGatePrior:
         return r / (1.0 + r)
 
 
-AttentionSpec = LogitScalePrior | AttentionLogitPrior | StochasticAttentionPrior
-_ATTENTION_SPECS = (LogitScalePrior, AttentionLogitPrior, StochasticAttentionPrior)
+@dataclass(frozen=True)
+class ALiBiSlopePrior:
+    """A distance-decay bias on the attention logits with a latent slope per head.
+
+    ALiBi (Press, Smith & Lewis, ICLR 2022) adds ``-m_h |i - j|`` to the logit of query ``i``
+    and key ``j`` with fixed geometric slopes ``m_h``. Here the slopes are latent (site
+    ``alibi_slope``, ``(H,)``), ``m_h ~ HalfNormal(scale)``, so the posterior says how local
+    each head is: a slope near 0 leaves the head global, a large one confines it to its
+    neighbours. Learned, not hand-set as ``AttentionLogitPrior(local_window(w))`` is; it needs
+    no ``max_len`` and works at any length.
+
+    Args:
+        scale: scale of the half-normal prior on each slope (logit units per step); > 0.
+
+    Raises:
+        ValueError: ``scale`` is not a finite positive number.
+    """
+
+    scale: float = 0.5
+
+    def __post_init__(self) -> None:
+        _check_positive("ALiBiSlopePrior.scale", self.scale)
+
+    def distribution(self, num_heads: int, *, device: torch.device) -> dist.TorchDistribution:
+        """The prior over the ``(num_heads,)`` slopes, one event."""
+        return dist.HalfNormal(torch.full((num_heads,), float(self.scale), device=device)).to_event(
+            1
+        )
+
+
+AttentionSpec = LogitScalePrior | AttentionLogitPrior | StochasticAttentionPrior | ALiBiSlopePrior
+_ATTENTION_SPECS = (LogitScalePrior, AttentionLogitPrior, StochasticAttentionPrior, ALiBiSlopePrior)
 _SPECS = {cls.__name__: cls for cls in (Normal, HeadGatePrior, *_ATTENTION_SPECS)}
 _GUIDANCE = {cls.__name__: cls for cls in (LocalWindow, Causal, DistanceDecay, GuidanceMatrix)}
 

@@ -90,16 +90,19 @@ def run_many_chains(
     """
     start_time = time.perf_counter()
     density = VectorizedDensity(model, train.x, train.y, train.mask)
-    need = draw_bytes(num_chains, num_samples, density.dim)
+    names = [name for name, p in model.named_parameters() if p.requires_grad]
+    per_start = bool(names) and init in ("map", "ensemble")
+    # per-start plain parameters are kept with every draw of their chains (posterior.members)
+    plain = sum(p.numel() for p in model.parameters() if p.requires_grad) if per_start else 0
+    need = draw_bytes(num_chains, num_samples, density.dim + plain)
     if need > MAX_DRAW_BYTES:
         raise ValueError(
-            f"{num_chains} chains x {num_samples} draws x {density.dim} latent scalars would keep "
+            f"{num_chains} chains x {num_samples} draws x {density.dim + plain} scalars "
+            f"({density.dim} latent, {plain} per-chain point estimates) would keep "
             f"{need / 2**30:.1f} GiB of draws (limit {MAX_DRAW_BYTES / 2**30:.2g} GiB): use fewer "
             "chains or draws"
         )
     device = train.x.device
-    names = [name for name, p in model.named_parameters() if p.requires_grad]
-    per_start = bool(names) and init in ("map", "ensemble")
     with seeded(seed, device):
         probe = prior_states(density, max(2, num_starts))
         density.check(probe[:2])  # K-chain values must equal single-chain ones, by site

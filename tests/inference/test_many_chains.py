@@ -457,7 +457,10 @@ def test_bad_settings_are_refused(small, options, error, words, no_sampling):
 def test_draws_over_the_memory_limit_are_refused_with_the_estimate(small, monkeypatch, no_sampling):
     monkeypatch.setattr(many_chains, "MAX_DRAW_BYTES", 2**30)
     # 1,024 chains x 100,000 draws x 3 float32 latents = 1.2288e9 bytes = 1.14 GiB > 1 GiB
-    words = r"1024 chains x 100000 draws x 3 latent scalars would keep 1\.1 GiB .*limit 1 GiB"
+    words = (
+        r"1024 chains x 100000 draws x 3 scalars \(3 latent, 0 per-chain point estimates\) "
+        r"would keep 1\.1 GiB .*limit 1 GiB"
+    )
     with pytest.raises(ValueError, match=words):
         chees(BayesianLinearRegression(2), small, num_chains=1024, num_samples=100_000)
     assert many_chains.draw_bytes(1024, 100_000, 3) == 1_228_800_000

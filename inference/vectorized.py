@@ -24,7 +24,9 @@ with ``vmap``; here the model's own draw dim does it.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pyro
@@ -206,7 +208,8 @@ class VectorizedDensity:
         if not finite.any():
             return total, gradient
         try:
-            lp, g = self._log_density(z[finite], grad, rows, jacobian)
+            with self._chains(finite):
+                lp, g = self._log_density(z[finite], grad, rows, jacobian)
         except ValueError as e:
             if not is_invalid_parameter_error(e):
                 raise
@@ -214,10 +217,12 @@ class VectorizedDensity:
                 return total, gradient
             # a chain's values are outside a support (Pyro validates the priors' values): one
             # chain at a time, that chain NaN
-            parts = [
-                self.log_density(z[k : k + 1], grad=grad, rows=rows, jacobian=jacobian)
-                for k in range(len(z))
-            ]
+            parts = []
+            for k in range(len(z)):
+                with self._chains(torch.arange(k, k + 1, device=z.device)):
+                    parts.append(
+                        self.log_density(z[k : k + 1], grad=grad, rows=rows, jacobian=jacobian)
+                    )
             total = torch.cat([lp for lp, _ in parts])
             return total, torch.cat([g for _, g in parts]) if grad else None
         total[finite] = lp
@@ -382,6 +387,18 @@ class VectorizedDensity:
             for name, site in trace.nodes.items()
             if site["type"] == "sample"
         }
+
+    @contextlib.contextmanager
+    def _chains(self, index: torch.Tensor) -> Iterator[None]:
+        """Evaluate only the chains ``index`` (a bool mask or indices): ``parameters`` cut to
+        them for the block."""
+        every = self.parameters
+        if every is not None and not (index.dtype == torch.bool and bool(index.all())):
+            self.parameters = {name: value[index] for name, value in every.items()}
+        try:
+            yield
+        finally:
+            self.parameters = every
 
     def _model(self, parameters: dict[str, torch.Tensor] | None):
         """The model, or a call of it with ``parameters`` in place of its own."""

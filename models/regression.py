@@ -273,6 +273,7 @@ class Seq2Seq(_RegressionModel):
 
     def _forward(self, x, y, mask, plate) -> torch.Tensor:
         memory, key_mask = self._encode(self._standardize(x), mask, plate)  # (s, N, T, d)
-        queries = (self.queries + self.query_positions).expand(1, x.shape[0], -1, -1)
+        queries = flatten_draws(self.queries, 2) + self.query_positions  # (s, H, d): one per draw
+        queries = queries[:, None].expand(-1, x.shape[0], -1, -1)  # (s, N, H, d)
         h = self.decoder(queries, memory, memory_mask=key_mask)  # (s, N, H, d)
         return self._observe(self.head(h)[..., 0], y, plate)  # head: (s, N, H, 1)

@@ -692,3 +692,23 @@ def test_ensemble_starts_fit_the_plain_parameters_per_start_and_each_chain_keeps
     assert probs.shape == (12, 6, 3)
     post.save(tmp_path / "run")
     assert torch.equal(load_posterior(tmp_path / "run").predict(x, num_samples=None).probs, probs)
+
+
+def test_per_chain_point_estimates_follow_their_chains_when_some_chains_are_not_finite():
+    """A chain whose state is NaN is left out of the pass; the others keep their own plain
+    parameters (a Seq2Seq, whose decoder queries are plain parameters, once crashed here)."""
+    model = SequenceClassifier(3, 3, 4, d_model=4, num_heads=2, num_layers=1, d_ff=4, dropout=0.0)
+    data = classifier_data()
+    density = VectorizedDensity(model.eval(), data.x, data.y, None)
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(3, density.dim, generator=g)
+    density.parameters = {
+        name: (p.detach() + 0.1 * torch.arange(3.0).view(3, *[1] * p.dim()))[:, None]
+        for name, p in model.named_parameters()
+    }
+    every, _ = density.log_density(z)
+    z[1] = math.nan
+    some, grad = density.log_density(z)
+    assert math.isnan(some[1]) and torch.isnan(grad[1]).all()
+    torch.testing.assert_close(some[[0, 2]], every[[0, 2]])
+    assert all(v.shape[0] == 3 for v in density.parameters.values())  # restored

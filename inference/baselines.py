@@ -182,7 +182,7 @@ def fit_ensemble(
             "local latents of stochastic attention would be drawn from their prior: fit such "
             "models with fit_svi, fit_mc_dropout or fit_mcmc"
         )
-    if batched not in (None, True, False):
+    if batched is not None and not isinstance(batched, bool):
         raise TypeError(f"batched must be True, False or None, got {batched!r}")
     try:
         _MAP_SIGNATURE.bind(model, data, **kwargs)

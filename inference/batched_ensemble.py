@@ -61,7 +61,12 @@ def fit_batched(
     parameters = {
         name: value[:, None].clone().requires_grad_(True) for name, value in stacked.items()
     }
-    density = VectorizedDensity(first.model, train.x, train.y, train.mask, parameters=parameters)
+    try:
+        density = VectorizedDensity(
+            first.model, train.x, train.y, train.mask, parameters=parameters
+        )
+    except ValueError as e:  # no latent sites: the members are plain networks
+        raise MembersDoNotVectorize(f"fit_ensemble batches latent sites only: {e}") from e
     medians = []
     for state in states:  # each guide's locations live in its own param store
         with pyro.get_param_store().scope(state.param_store):

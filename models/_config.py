@@ -128,6 +128,14 @@ class EncoderConfig:
                 f"weight_prior must be a priors.Normal or None, got {type(weight_prior).__name__}"
             )
         object.__setattr__(self, "attention_prior", priors.attention_specs(self.attention_prior))
+        if any(isinstance(spec, priors.ALiBiSlopePrior) for spec in self.attention_prior) and (
+            self.grid is not None or self.cls_token
+        ):
+            raise ValueError(
+                "ALiBiSlopePrior biases attention by the distance between steps of a sequence; "
+                "a grid of image patches (2-D neighbours) or a CLS token (no position of its "
+                "own) would get a wrong distance: use pooling='mean' and no grid"
+            )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         parts = _parse_bayesian(self.bayesian)

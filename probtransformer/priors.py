@@ -393,8 +393,9 @@ class ALiBiSlopePrior:
     and key ``j`` with fixed geometric slopes ``m_h``. Here the slopes are latent (site
     ``alibi_slope``, ``(H,)``), ``m_h ~ HalfNormal(scale)``, so the posterior says how local
     each head is: a slope near 0 leaves the head global, a large one confines it to its
-    neighbours. Learned, not hand-set as ``AttentionLogitPrior(local_window(w))`` is; it needs
-    no ``max_len`` and works at any length.
+    neighbours. Learned, not hand-set as ``AttentionLogitPrior(local_window(w))`` is, and it
+    needs no ``(max_len, max_len)`` table. Sequences only: models refuse it with a grid of
+    image patches or a CLS token, whose distances it would get wrong.
 
     Args:
         scale: scale of the half-normal prior on each slope (logit units per step); > 0.

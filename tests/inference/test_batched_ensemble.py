@@ -105,10 +105,19 @@ def test_a_model_whose_members_do_not_vectorize(regression):
     assert post.members["w"].shape == (1, 2, 2)
 
 
+def test_an_ensemble_of_plain_networks_is_fitted_one_member_at_a_time(train):
+    model = SequenceClassifier(8, 10, 8, d_model=8, num_heads=2, d_ff=16, bayesian=())
+    post = fit_ensemble(model, train, n_members=2, num_steps=3, progress=False)
+    assert post.record["batched"] is False
+    assert "batches latent sites only" in post.record["batched_skipped"]
+    assert post.predict(train.x[:3]).probs.shape == (2, 3, 10)
+
+
 @pytest.mark.parametrize(
     "options, error, words",
     [
         (dict(batched="yes"), TypeError, "batched must be True, False or None"),
+        (dict(batched=0), TypeError, "batched must be True, False or None, got 0"),
         (dict(batched=True, checkpoint_every=5), TypeError, "does not checkpoint"),
         (dict(num_stepz=5), TypeError, "fit_ensemble\\(\\): .*num_stepz"),
     ],

@@ -134,6 +134,8 @@ def test_each_scheme_is_a_model_option_recorded_in_the_config(positions):
     [
         (dict(positions="alibi"), "positions must be one of"),
         (dict(positions="learned", grid=(2, 4)), "grid gives image patches 2-D sinusoidal"),
+        (dict(attention_prior=priors.ALiBiSlopePrior(), grid=(2, 4)), "a grid of image patches"),
+        (dict(attention_prior=priors.ALiBiSlopePrior(), pooling="cls"), "or a CLS token"),
     ],
 )
 def test_bad_position_options_are_refused(options, match):

@@ -90,7 +90,8 @@ refused.
 Exit status: 0 on success; 2 on bad arguments or input files, with one line on stderr starting
 ``probtransformer: error:``; 1 when the fit diverges (``NonFiniteELBOError``); 130 on Ctrl-C,
 also when MCMC sampling was interrupted after its first kept draw and the run was written with
-the draws so far (marked partial; one more Ctrl-C while it is written is held back).
+the draws so far (marked partial; a second Ctrl-C while it is written discards it, as the
+line printed after the first one says).
 """
 
 from probtransformer.cli._common import CLIError

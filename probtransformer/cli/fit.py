@@ -7,9 +7,7 @@ import argparse
 import contextlib
 import dataclasses
 import math
-import signal
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,8 +34,8 @@ def run(args: argparse.Namespace) -> int:
 
     Returns:
         The exit status: 0, or 130 when MCMC sampling was interrupted (Ctrl-C) and the run
-        holds the draws kept so far (``partial``). While such a run is evaluated and written, one
-        more Ctrl-C is held back with a message; a third stops the command.
+        holds the draws kept so far (``partial``; a line on stderr says so at once, and that
+        another Ctrl-C while the run is evaluated and written discards it).
     """
     from probtransformer.tasks import TASKS, task_for_dataset
 
@@ -77,7 +75,13 @@ def run(args: argparse.Namespace) -> int:
             post = _fit_svi(model, splits.train, args, guide, target)
         seconds = time.perf_counter() - start
         partial = bool(post.record.get("partial"))
-    with _intra_op_threads(args.threads), _sigint_held_once(partial):
+        if partial:  # said at once: the predictions take a while before the run is written
+            print(
+                f"{PROG}: sampling was interrupted; evaluating and writing the draws kept so "
+                "far (Ctrl-C again discards them)",
+                file=sys.stderr,
+                flush=True,
+            )
         draws = given(num_samples=_prediction_draws(post, args.num_samples), seed=args.seed)
         test = splits.test  # validated once, with its targets: later passes reuse the check
         check_inputs(post.model, test.x, test.y, test.mask)
@@ -191,30 +195,6 @@ def _with_mcmc_preset(args: argparse.Namespace) -> argparse.Namespace:
         if getattr(args, dest) is None:
             setattr(args, dest, value)
     return args
-
-
-@contextlib.contextmanager
-def _sigint_held_once(active: bool) -> Iterator[None]:
-    """With ``active`` (and in the main thread), the first Ctrl-C inside the block prints a line
-    and is ignored, so a second Ctrl-C after an interrupted fit does not discard its draws."""
-    if not active or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.getsignal(signal.SIGINT)
-
-    def hold(signum, frame):
-        print(
-            f"{PROG}: writing the interrupted fit's draws; press Ctrl-C again to discard them",
-            file=sys.stderr,
-            flush=True,
-        )
-        signal.signal(signal.SIGINT, previous)
-
-    signal.signal(signal.SIGINT, hold)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 @contextlib.contextmanager

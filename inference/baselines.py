@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import time
+from pathlib import Path
 
 import torch
 
@@ -153,10 +154,11 @@ def fit_ensemble(
         seed: member ``k`` is fitted with seed ``seed + k``.
         progress: show a tqdm bar (one per member when sequential).
         batched: True: the batched path (ValueError when the model cannot take it); False: the
-            sequential fits; None: batched unless checkpoint options are given or the probe at
-            the starting values finds the model does not vectorize over members (then
-            sequential, with ``record["batched"]`` False and the reason in
-            ``record["batched_skipped"]``).
+            sequential fits (with ``checkpoint_dir``/``resume_from``, member ``k`` checkpoints
+            to and resumes from its subdirectory ``member-k``); None: batched unless checkpoint
+            options are given or the probe at the starting values finds the model does not
+            vectorize over members (then sequential, with ``record["batched"]`` False and the
+            reason in ``record["batched_skipped"]``).
         **kwargs: the other keyword arguments of ``fit_map`` (``fit_svi``'s except ``guide``).
 
     Returns:
@@ -206,7 +208,8 @@ def fit_ensemble(
             skipped = " ".join(str(e).split())
     start = time.perf_counter()
     fits = [
-        fit_map(model, data, seed=seed + k, progress=progress, **kwargs) for k in range(n_members)
+        fit_map(model, data, seed=seed + k, progress=progress, **_member_checkpoints(kwargs, k))
+        for k in range(n_members)
     ]
     seconds = time.perf_counter() - start
     draws = [fit.draws(1) for fit in fits]  # {site: (1, 1, *shape)} each
@@ -234,6 +237,16 @@ def fit_ensemble(
     return Posterior(
         first.model, samples=samples, members=members, record=record, example=first.example
     )
+
+
+def _member_checkpoints(kwargs: dict, k: int) -> dict:
+    """``kwargs`` with ``checkpoint_dir`` and ``resume_from`` pointing at member ``k``'s own
+    subdirectory ``member-k``: one directory for all members would keep only the last."""
+    out = dict(kwargs)
+    for key in ("checkpoint_dir", "resume_from"):
+        if out.get(key) is not None:
+            out[key] = Path(out[key]) / f"member-{k}"
+    return out
 
 
 __all__ = ["fit_ensemble", "fit_map", "fit_mc_dropout"]

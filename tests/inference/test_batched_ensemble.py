@@ -113,6 +113,18 @@ def test_an_ensemble_of_plain_networks_is_fitted_one_member_at_a_time(train):
     assert post.predict(train.x[:3]).probs.shape == (2, 3, 10)
 
 
+def test_sequential_members_checkpoint_and_resume_in_their_own_directories(train, tmp_path):
+    fit = dict(n_members=2, batched=False, num_steps=6, batch_size=16, progress=False)
+    first = fit_ensemble(
+        small_model(), train, checkpoint_every=3, checkpoint_dir=tmp_path / "ck", **fit
+    )
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["member-0", "member-1"]
+    resumed = fit_ensemble(small_model(), train, resume_from=tmp_path / "ck", **fit)
+    assert [m["final_loss"] for m in resumed.record["members"]] == [
+        m["final_loss"] for m in first.record["members"]
+    ]
+
+
 @pytest.mark.parametrize(
     "options, error, words",
     [

@@ -41,8 +41,12 @@ MAP_BATCH_SIZE = 128
 #: the last step (the quality benchmark's ensemble settings: 1e-2 to 1e-3).
 MAP_LR, MAP_LR_DECAY = 1e-2, 0.1
 
-#: Bytes the kept draws may take (float32 unconstrained states; 2 GiB).
+#: Bytes the kept draws and the samplers' working state may take together (float32; 2 GiB).
 MAX_DRAW_BYTES = 2**31
+
+#: ``(K, D)`` copies the samplers hold at once: position, gradient, momentum, the proposal's
+#: position and gradient, velocity, the mass matrix's running sums (float64: two each).
+WORKING_COPIES = 10
 
 #: Most integrator steps per kept MCLMC draw.
 MAX_MCLMC_STEPS_PER_DRAW = 256
@@ -94,13 +98,14 @@ def run_many_chains(
     per_start = bool(names) and init in ("map", "ensemble")
     # per-start plain parameters are kept with every draw of their chains (posterior.members)
     plain = sum(p.numel() for p in model.parameters() if p.requires_grad) if per_start else 0
-    need = draw_bytes(num_chains, num_samples, density.dim + plain)
-    if need > MAX_DRAW_BYTES:
+    kept = draw_bytes(num_chains, num_samples, density.dim + plain)
+    working = draw_bytes(num_chains, WORKING_COPIES, density.dim + plain)
+    if kept + working > MAX_DRAW_BYTES:
         raise ValueError(
             f"{num_chains} chains x {num_samples} draws x {density.dim + plain} scalars "
             f"({density.dim} latent, {plain} per-chain point estimates) would keep "
-            f"{need / 2**30:.1f} GiB of draws (limit {MAX_DRAW_BYTES / 2**30:.2g} GiB): use fewer "
-            "chains or draws"
+            f"{kept / 2**30:.1f} GiB of draws and hold {working / 2**30:.1f} GiB of sampler "
+            f"state (limit {MAX_DRAW_BYTES / 2**30:.2g} GiB): use fewer chains or draws"
         )
     device = train.x.device
     with seeded(seed, device):

@@ -30,7 +30,12 @@ from probtransformer.inference.inputs import (
     example_of,
     rows_digest,
 )
-from probtransformer.inference.many_chains import INITS, run_many_chains
+from probtransformer.inference.many_chains import (
+    INITS,
+    MAX_DRAW_BYTES,
+    draw_bytes,
+    run_many_chains,
+)
 from probtransformer.inference.model_checks import check_sampled_sites, latent_sites
 from probtransformer.inference.posterior import Posterior
 from probtransformer.inference.pyro_kernels import check_initial_density, run_pyro_kernel
@@ -265,6 +270,16 @@ def fit_mcmc(
         _, *sampled = check_initial_density(model, (example.x, example.y, example.mask))
     kept = latent_sites(model, example)  # what the Posterior accepts: checked before sampling
     check_sampled_sites(*sampled, *kept, len(example))
+    if not many:  # the many-chain kernels check their draws and working state themselves
+        dim = sum(math.prod(s) for s in kept[0].values())
+        dim += len(data) * sum(math.prod(s) for s in kept[1].values())
+        need = draw_bytes(num_chains, num_samples, dim)
+        if need > MAX_DRAW_BYTES:
+            raise ValueError(
+                f"{num_chains} chains x {num_samples} draws x {dim} latent scalars would keep "
+                f"{need / 2**30:.1f} GiB of draws (limit {MAX_DRAW_BYTES / 2**30:.2g} GiB): use "
+                "fewer chains or draws"
+            )
     if has_local_latents(model) and many:
         raise ValueError(
             f"kernel={kernel!r} samples a fixed-size state, but stochastic attention draws one "

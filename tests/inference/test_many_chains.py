@@ -464,6 +464,11 @@ def test_draws_over_the_memory_limit_are_refused_with_the_estimate(small, monkey
     with pytest.raises(ValueError, match=words):
         chees(BayesianLinearRegression(2), small, num_chains=1024, num_samples=100_000)
     assert many_chains.draw_bytes(1024, 100_000, 3) == 1_228_800_000
+    # many chains of few draws: the samplers' working state counts too (a fresh user's 200,000
+    # chains passed the kept-draws check and then failed in the allocator)
+    words = r"would keep 0\.1 GiB of draws and hold 1\.1 GiB of sampler state"
+    with pytest.raises(ValueError, match=words):
+        chees(BayesianLinearRegression(2), small, num_chains=10_000_000, num_samples=1)
 
 
 def test_a_non_finite_initial_density_names_the_chain_and_the_site(small, monkeypatch):

@@ -311,6 +311,7 @@ def test_save_and_load_keep_draws_and_statistics(nuts_posterior, tmp_path):
         (dict(step_size=0.0), ValueError, "step_size"),
         (dict(max_tree_depth=0), ValueError, "max_tree_depth"),
         (dict(device="tpu"), ValueError, "device"),
+        (dict(num_samples=10**9), ValueError, r"would keep 44\.7 GiB of draws \(limit 2 GiB\)"),
     ],
 )
 def test_bad_settings_name_the_argument(regression, kwargs, error, words):

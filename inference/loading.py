@@ -134,6 +134,7 @@ def _check_shapes(meta: dict, tensors: dict, path: Path) -> None:
     Raises:
         ValueError: the config's shapes differ from the saved tensors' (naming the first).
     """
+    _check_layer_counts(meta.get("config"), tensors["model_state"], path)
     try:
         with torch.device("meta"):
             skeleton = model_from_config(meta.get("model_class"), meta.get("config"), source=path)
@@ -147,3 +148,26 @@ def _check_shapes(meta: dict, tensors: dict, path: Path) -> None:
             f"{path}: its {META_FILE} config does not match its {TENSORS_FILE}: {key!r} would "
             f"have shape {expected.get(key)} but the saved tensor has {saved.get(key)}"
         )
+
+
+#: Config keys that count layers, and the state-dict prefix of their layers.
+_LAYER_COUNTS = {"num_layers": "encoder.layers.", "num_decoder_layers": "decoder.layers."}
+
+
+def _check_layer_counts(config: object, state: dict, path: Path) -> None:
+    """Refuse a config that asks for more layers than the saved state holds, before anything
+    is built: building 200,000 layers takes minutes even on the ``meta`` device.
+
+    Raises:
+        ValueError: naming the key, the count asked for and the count saved.
+    """
+    if not isinstance(config, dict):
+        return
+    for key, prefix in _LAYER_COUNTS.items():
+        asked = config.get(key)
+        saved = {name[len(prefix) :].split(".")[0] for name in state if name.startswith(prefix)}
+        if isinstance(asked, int) and saved and asked > len(saved):
+            raise ValueError(
+                f"{path}: its {META_FILE} config asks for {key}={asked} but its {TENSORS_FILE} "
+                f"holds {len(saved)} layer(s)"
+            )

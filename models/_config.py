@@ -30,6 +30,11 @@ def _parse_bayesian(bayesian: Iterable[str] | str) -> frozenset[str]:
     return frozenset(parts)
 
 
+#: The longest sequence a built-in model takes: attention holds T x T logits per head and draw,
+#: 16 GiB of float32 at this length.
+MAX_LEN = 2**16
+
+
 @dataclass(frozen=True)
 class EncoderConfig:
     """What the input embedding and the encoder stack of a built-in model are built from.
@@ -99,6 +104,11 @@ class EncoderConfig:
                 f"vocab_size=len(vocab); got {type(in_features).__name__}"
             )
         check_sizes(**self.input_sizes)
+        if self.max_len > MAX_LEN:
+            raise ValueError(
+                f"max_len must be <= {MAX_LEN} (attention holds T x T logits per head), got "
+                f"{self.max_len}"
+            )
         d_ff = self.d_ff
         check_int("d_ff", d_ff, minimum=0)  # 0: no feed-forward sublayer
         for name in ("layer_norm", "hard_attention"):

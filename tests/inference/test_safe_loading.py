@@ -297,6 +297,26 @@ def test_a_config_that_does_not_match_the_tensors_is_refused_before_building(tmp
         load_posterior(run / "posterior")
 
 
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        # 200,000 layers took minutes to build even on the meta device (a fresh user's attack)
+        (dict(num_layers=200_000), r"asks for num_layers=200000 but its tensors.pt holds 1 layer"),
+        # the sinusoidal table is not saved: 1e9 positions reached the allocator
+        (dict(max_len=10**9), r"max_len must be <= 65536 .* got 1000000000"),
+    ],
+)
+def test_a_config_asking_for_huge_unsaved_sizes_is_refused_at_once(tmp_path, change, words):
+    run = _crafted_run(tmp_path, "probtransformer.models.classifier.SequenceClassifier", {})
+    meta_path = run / "posterior" / "posterior.json"
+    saved = json.loads((FIXTURE_RUN / "posterior" / "posterior.json").read_text())
+    meta = json.loads(meta_path.read_text())
+    meta["config"] = {**saved["config"], **change}
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=words):
+        load_posterior(run / "posterior")
+
+
 def test_a_run_directory_given_for_its_posterior_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"it holds one, load .*run/posterior"):
         load_posterior(FIXTURE_RUN)

@@ -947,8 +947,11 @@ def markdown(rows: dict[str, dict], ctx: Context) -> str:
         "NUTS fits the same classifier "
         f"(d_model {MODEL['d_model']}, {MODEL['num_heads']} heads, {MODEL['num_layers']} layer, "
         f"d_ff {MODEL['d_ff']}, dropout {MODEL['dropout']}); `svi-stochastic` adds stochastic "
-        f"attention (kl_weight {STOCHASTIC_KL_WEIGHT}); ChEES makes every part latent, dropout "
-        f"0, and may take {CHEES_COST_RATIO:g}x the ensemble's fit seconds. "
+        f"attention (kl_weight {STOCHASTIC_KL_WEIGHT}); `chees` makes every part latent, "
+        "dropout 0; `chees-perchain` samples the classifier's own latent parts (attention, head) "
+        "and each chain keeps its MAP start's point estimates; both may take "
+        f"{CHEES_COST_RATIO:g}x the (sequential) ensemble's fit seconds; `ensemble-batched` fits "
+        "the ensemble's members as one batched optimisation. "
         "`benchmarks/quality.py` documents the details.",
         "",
     ]

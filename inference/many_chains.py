@@ -27,6 +27,7 @@ from pyro import poutine
 from tqdm.auto import tqdm
 
 from probtransformer.inference._runtime import pyro_scope, reinitialised_copy, seeded
+from probtransformer.inference.engine import activation_bytes
 from probtransformer.inference.model_checks import DRAWS_DIM, DRAWS_PLATE
 from probtransformer.inference.samplers import MCLMC, ChainRNG, ChEES
 from probtransformer.inference.vectorized import VectorizedDensity
@@ -100,6 +101,7 @@ def run_many_chains(
     plain = sum(p.numel() for p in model.parameters() if p.requires_grad) if per_start else 0
     kept = draw_bytes(num_chains, num_samples, density.dim + plain)
     working = draw_bytes(num_chains, WORKING_COPIES, density.dim + plain)
+    working += 3 * activation_bytes(model, train.x[:1]) * num_chains  # a one-row pass, fwd + bwd
     if kept + working > MAX_DRAW_BYTES:
         raise ValueError(
             f"{num_chains} chains x {num_samples} draws x {density.dim + plain} scalars "
@@ -305,14 +307,15 @@ def map_fit(
 def _check_finite(density: VectorizedDensity, z0: torch.Tensor) -> None:
     """Name the first chain and site whose initial log density is not finite."""
     sites = density.site_log_densities(z0)
-    for k in range(len(z0)):
-        for name, value in sites.items():
-            if not torch.isfinite(value[k]):
-                raise ValueError(
-                    f"the log density of chain {k} is not finite at its initial state: site "
-                    f"{name!r} gives {float(value[k])}; check its prior and likelihood parameters "
-                    "(and the data) for NaN/inf, or use another init"
-                )
+    bad = ~torch.stack([torch.isfinite(value) for value in sites.values()])  # (sites, K)
+    if bad.any():  # the first chain, then its first site (no Python loop over K chains)
+        k = int(bad.any(0).nonzero()[0])
+        name = list(sites)[int(bad[:, k].nonzero()[0])]
+        raise ValueError(
+            f"the log density of chain {k} is not finite at its initial state: site "
+            f"{name!r} gives {float(sites[name][k])}; check its prior and likelihood parameters "
+            "(and the data) for NaN/inf, or use another init"
+        )
 
 
 def _append(stats: dict, **values: torch.Tensor) -> None:

@@ -464,9 +464,11 @@ def test_draws_over_the_memory_limit_are_refused_with_the_estimate(small, monkey
     with pytest.raises(ValueError, match=words):
         chees(BayesianLinearRegression(2), small, num_chains=1024, num_samples=100_000)
     assert many_chains.draw_bytes(1024, 100_000, 3) == 1_228_800_000
-    # many chains of few draws: the samplers' working state counts too (a fresh user's 200,000
-    # chains passed the kept-draws check and then failed in the allocator)
-    words = r"would keep 0\.1 GiB of draws and hold 1\.1 GiB of sampler state"
+    # many chains of few draws: the samplers' working state and a one-row pass count too (a
+    # fresh user's 200,000 chains passed the kept-draws check and then failed in the allocator;
+    # 10 million hung in the initial-density check, then a Python loop over chains)
+    monkeypatch.setattr(many_chains, "MAX_DRAW_BYTES", 2**31)
+    words = r"would keep 0\.1 GiB of draws and hold 4\.7 GiB of sampler state \(limit 2 GiB\)"
     with pytest.raises(ValueError, match=words):
         chees(BayesianLinearRegression(2), small, num_chains=10_000_000, num_samples=1)
 

@@ -21,12 +21,12 @@ import time
 
 import pyro
 import torch
-from tqdm.auto import tqdm
 
 from probtransformer.datasets import SequenceData
 from probtransformer.inference._runtime import seeded
 from probtransformer.inference.elbo import NonFiniteELBOError
 from probtransformer.inference.inputs import example_of
+from probtransformer.inference.many_chains import map_fit
 from probtransformer.inference.posterior import Posterior
 from probtransformer.inference.svi import svi_init
 from probtransformer.inference.vectorized import VectorizedDensity
@@ -85,42 +85,29 @@ def fit_batched(
                 "fit_ensemble(batched=False) fits them one at a time"
             ) from e
         density.model.train()
-        z = z.clone().requires_grad_(True)
-        optimizer = torch.optim.Adam([z, *parameters.values()], lr=settings["lr"])
-        scheduler = torch.optim.lr_scheduler.ExponentialLR(
-            optimizer, gamma=settings["lr_decay"] ** (1.0 / settings["num_steps"])
+        z, final = map_fit(
+            density,
+            z,
+            settings["num_steps"],
+            progress=progress,
+            lr=settings["lr"],
+            lr_decay=settings["lr_decay"],
+            batch_size=settings["batch_size"],
+            check=_check_finite,
+            desc="ensemble",
         )
-        n, size = len(train), settings["batch_size"]
-        order, position = torch.randperm(n, device=device), 0
-        log_joint = []
-        steps = tqdm(
-            range(settings["num_steps"]), disable=not progress, desc="ensemble", leave=False
-        )
-        for step in steps:
-            if position + size > n:
-                order, position = torch.randperm(n, device=device), 0
-            rows = order[position : position + size]
-            position += size
-            lp = density.log_joint(z, rows, jacobian=False)  # (M,)
-            optimizer.zero_grad()
-            (-lp.sum()).backward()
-            _check_finite(lp, z, parameters, step)
-            optimizer.step()
-            scheduler.step()
-            log_joint.append(lp.detach().cpu())
     density.model.eval()
     seconds = time.perf_counter() - start
-    values = density.constrain(z.detach())
+    values = density.constrain(z)
     samples = {name: value[None] for name, value in values.items()}  # (1, M, *shape)
     members = {name: value.detach()[:, 0][None] for name, value in parameters.items()}
     for name, value in members.items():  # the posterior's model holds member 0's values
         dict(density.model.named_parameters())[name].data.copy_(value[0, 0])
-    final = log_joint[-1]
     record = dict(
         method="ensemble",
         guide="delta",
         **{k: v for k, v in settings.items() if k not in ("guide", "seed")},
-        num_data=n,
+        num_data=len(train),
         steps_done=settings["num_steps"],
         x_range=[float(train.x.min()), float(train.x.max())],
         seed=seed,
@@ -137,13 +124,12 @@ def fit_batched(
     )
 
 
-def _check_finite(lp: torch.Tensor, z: torch.Tensor, parameters: dict, step: int) -> None:
+def _check_finite(lp: torch.Tensor, leaves: list[torch.Tensor], step: int) -> None:
     """Raise ``NonFiniteELBOError`` naming the first member whose objective or gradient is not
-    finite."""
-    grads = [z.grad, *(p.grad for p in parameters.values())]
+    finite (``map_fit``'s check)."""
     bad = ~torch.isfinite(lp)
-    for g in grads:
-        bad |= ~torch.isfinite(g.reshape(len(lp), -1)).all(1)
+    for leaf in leaves:
+        bad |= ~torch.isfinite(leaf.grad.reshape(len(lp), -1)).all(1)
     if bad.any():
         member = int(bad.nonzero()[0])
         raise NonFiniteELBOError(

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
+from collections.abc import Callable
 
 import pyro
 import torch
@@ -118,7 +119,7 @@ def run_many_chains(
             density.parameters = _initial_parameters(model, names, num_starts, seed, device)
             density.check(starts)  # ... and with a plain-parameter value per start
         if init in ("map", "ensemble"):
-            starts = map_fit(density, starts, map_steps, progress=progress)
+            starts, _ = map_fit(density, starts, map_steps, progress=progress)
     if per_start:  # each chain keeps its start's fitted values
         density.parameters = {
             name: value.detach().repeat_interleave(num_chains // num_starts, dim=0)
@@ -267,29 +268,43 @@ def _initial_parameters(model, names: list[str], num_starts: int, seed: int, dev
 
 
 def map_fit(
-    density: VectorizedDensity, starts: torch.Tensor, steps: int, *, progress: bool
-) -> torch.Tensor:
-    """MAP fits of every start at once: Adam (lr ``MAP_LR`` decaying to ``MAP_LR *
-    MAP_LR_DECAY``) on the ``(M, D)`` states, and on ``density.parameters`` when it holds
-    per-start plain parameters (updated in place), mini-batches of ``MAP_BATCH_SIZE`` rows
-    (every row when the model has local latents).
+    density: VectorizedDensity,
+    starts: torch.Tensor,
+    steps: int,
+    *,
+    progress: bool,
+    lr: float = MAP_LR,
+    lr_decay: float = MAP_LR_DECAY,
+    batch_size: int = MAP_BATCH_SIZE,
+    check: Callable[[torch.Tensor, list[torch.Tensor], int], None] | None = None,
+    desc: str = "MAP starts",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """MAP fits of every start at once: Adam (``lr`` decaying to ``lr * lr_decay``) on the
+    ``(M, D)`` states, and on ``density.parameters`` when it holds per-start plain parameters
+    (updated in place), mini-batches of ``batch_size`` rows (every row when the model has local
+    latents).
 
     Each start's gradient depends only on its own values (the starts are the draw dim), and
     Adam is elementwise, so the M fits equal M separate ones on the same mini-batches. A start
-    whose objective is not finite gets a zero gradient for that step.
+    whose objective is not finite gets a zero gradient for that step, unless ``check(lp (M,),
+    leaves, step)``, called after each backward pass, raises instead (``fit_ensemble``).
+
+    Returns:
+        ``(z (M, D), lp (M,))``: the fitted states and the last step's log joint densities.
     """
     z = starts.clone().requires_grad_(True)
     leaves = [z, *(density.parameters or {}).values()]
-    optimizer = torch.optim.Adam(leaves, lr=MAP_LR)
+    optimizer = torch.optim.Adam(leaves, lr=lr)
     scheduler = torch.optim.lr_scheduler.ExponentialLR(
-        optimizer, gamma=MAP_LR_DECAY ** (1.0 / max(steps, 1))
+        optimizer, gamma=lr_decay ** (1.0 / max(steps, 1))
     )
     n = density.num_rows
     local = any(s.local for s in density.sites)
-    size = n if local else min(n, MAP_BATCH_SIZE)
+    size = n if local else min(n, batch_size)
     order = torch.randperm(n, device=z.device)
     position = 0
-    for _ in tqdm(range(steps), disable=not progress, desc="MAP starts", leave=False):
+    lp = torch.full((len(z),), math.nan, device=z.device)
+    for step in tqdm(range(steps), disable=not progress, desc=desc, leave=False):
         if position + size > n:
             order, position = torch.randperm(n, device=z.device), 0
         rows = None if size == n else order[position : position + size]
@@ -297,11 +312,13 @@ def map_fit(
         optimizer.zero_grad()
         lp = density.log_joint(z, rows, jacobian=False)
         (-lp.nan_to_num(0.0, 0.0, 0.0).sum()).backward()
+        if check is not None:
+            check(lp, leaves, step)
         for leaf in leaves:
             leaf.grad.nan_to_num_(0.0, 0.0, 0.0)
         optimizer.step()
         scheduler.step()
-    return z.detach()
+    return z.detach(), lp.detach()
 
 
 def _check_finite(density: VectorizedDensity, z0: torch.Tensor) -> None:

@@ -52,6 +52,7 @@ from benchmarks.studies.nuts_vs_numpyro import (
     load_data,
     run_numpyro,
 )
+from probtransformer import metrics
 from probtransformer.inference import fit_mcmc
 from probtransformer.inference.many_chains import prior_states
 from probtransformer.inference.vectorized import VectorizedDensity
@@ -216,9 +217,8 @@ def convergence(
     seconds = time.perf_counter() - start
     table = post.diagnose(train, verbose=False)
     predictive = table.attrs["predictive"]
-    weights = table.drop(index=[i for i in table.index if i == "attention"])
-    pred = post.predict(test.x, test.mask, num_samples=None, seed=seed)
-    mean = pred.probs.mean(0)
+    weights = table.drop(index="attention", errors="ignore")
+    mean = post.predict(test.x, test.mask, num_samples=None, seed=seed).mean
     return dict(
         num_chains=num_chains,
         num_starts=num_starts,
@@ -233,8 +233,8 @@ def convergence(
         probe_log_lik=predictive["probe_log_lik"],
         weight_r_hat_max=float(weights["r_hat_max"].max()),
         weight_nested_r_hat_max=float(weights["nested_r_hat_max"].max()),
-        accuracy=float((mean.argmax(-1) == test.y).float().mean()),
-        nll=float(-mean[torch.arange(len(test)), test.y].log().mean()),
+        accuracy=metrics.accuracy(mean, test.y),
+        nll=metrics.nll(mean, test.y),
         verdict=table.attrs["verdict"],
     )
 

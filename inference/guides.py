@@ -24,15 +24,22 @@ from probtransformer.inference._pyro_compat import site_is_subsample
 GUIDES = ("normal", "lowrank", "mvn", "delta")
 
 
-def build_guide(kind: str, model: nn.Module, *, init_scale: float = 1e-3) -> AutoGuide:
+def build_guide(
+    kind: str,
+    model: nn.Module,
+    *,
+    init_scale: float = 1e-3,
+    init_values: dict[str, torch.Tensor] | None = None,
+) -> AutoGuide:
     """The autoguide ``kind`` for ``model``.
 
     ``normal``: mean-field ``AutoNormal``; ``lowrank``: ``AutoLowRankMultivariateNormal``;
     ``mvn``: full-rank ``AutoMultivariateNormal``; ``delta``: ``AutoDelta`` (MAP). Locations start
     at a prior draw (``init_to_sample``), which breaks the symmetry between heads and units that a
     zero start would keep, except where a module declares ``initial_values`` (attention: guidance
-    offsets at 0); scales start at ``init_scale``. A model with local latents
-    (stochastic attention) gets an ``AmortizedGuide`` around the ``kind`` guide.
+    offsets at 0) and where ``init_values`` gives a site's value (a warm start, ``fit_svi``'s
+    ``init_from``); scales start at ``init_scale``. A model with local latents (stochastic
+    attention) gets an ``AmortizedGuide`` around the ``kind`` guide.
 
     Raises:
         ValueError: unknown ``kind`` or non-positive ``init_scale``.
@@ -41,20 +48,24 @@ def build_guide(kind: str, model: nn.Module, *, init_scale: float = 1e-3) -> Aut
         raise ValueError(f"init_scale must be > 0, got {init_scale}")
     if has_local_latents(model):
         return AmortizedGuide(model, kind, init_scale=init_scale)
-    return _global_guide(kind, model, init_scale, _init_loc_fn(model))
+    return _global_guide(kind, model, init_scale, _init_loc_fn(model, init_values))
 
 
-def _init_loc_fn(model: nn.Module):
-    """``init_to_sample``, except for sites whose module declares ``initial_values`` (e.g. the
-    guidance offsets start at 0, exactly the guidance, rather than at a random prior draw that a
-    weak prior lets SVI keep)."""
+def _init_loc_fn(model: nn.Module, given: dict[str, torch.Tensor] | None = None):
+    """``init_to_sample``, except for the sites in ``given`` (their values) and sites whose
+    module declares ``initial_values`` (e.g. the guidance offsets start at 0, exactly the
+    guidance, rather than at a random prior draw that a weak prior lets SVI keep)."""
     values = {
         f"{prefix}.{name}" if prefix else name: value
         for prefix, module in model.named_modules()
         for name, value in getattr(module, "initial_values", {}).items()
     }
 
+    given = given or {}
+
     def init(site: dict) -> torch.Tensor:
+        if site["name"] in given:
+            return given[site["name"]].expand(site["fn"].shape()).clone()
         if site["name"] in values:
             shape = site["fn"].shape()
             return torch.full(shape, values[site["name"]], device=site["fn"].mean.device)

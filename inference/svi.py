@@ -35,6 +35,7 @@ from probtransformer.inference.checkpoint import (
     restore_svi_checkpoint,
     save_svi_checkpoint,
 )
+from probtransformer.inference.draws import DEFAULT_NUM_SAMPLES
 from probtransformer.inference.elbo import MeanFieldELBO, NonFiniteELBOError, non_finite_error
 from probtransformer.inference.guides import GUIDES, build_guide, has_local_latents
 from probtransformer.inference.inputs import check_model, check_training_data, example_of
@@ -117,6 +118,48 @@ def _check_fit(model, data, guide, num_steps, batch_size, lr, lr_decay, num_part
         raise ValueError(f"lr_decay must be in (0, 1], got {lr_decay!r}")
 
 
+def warm_start(model: torch.nn.Module, init_from: Posterior, device) -> dict[str, torch.Tensor]:
+    """Copy ``init_from``'s point-estimate parameters into ``model`` (in place) and return its
+    posterior mean of each global latent site ``{site: (*shape)}``, where the guide starts.
+
+    Raises:
+        TypeError: ``init_from`` is not a ``Posterior``.
+        ValueError: ``init_from`` is of a model of another class or config, of an ensemble (one
+            parameter set per member), or of a model with local latents (stochastic attention,
+            whose amortized guide has no per-site locations).
+    """
+    if not isinstance(init_from, Posterior):
+        raise TypeError(
+            "init_from must be a fitted Posterior (e.g. of fit_map), got "
+            f"{type(init_from).__name__}"
+        )
+    source = init_from.model
+    if type(source) is not type(model) or getattr(source, "config", None) != getattr(
+        model, "config", None
+    ):
+        raise ValueError(
+            f"init_from is a posterior of {type(source).__name__}"
+            f"({getattr(source, 'config', '?')}); this fit's model is {type(model).__name__}"
+            f"({getattr(model, 'config', '?')}): warm-start from a fit of the same model"
+        )
+    if init_from.members is not None:
+        raise ValueError(
+            "init_from is an ensemble, with one set of parameters per member: warm-start from "
+            "one fit (fit_map)"
+        )
+    if has_local_latents(model):
+        raise ValueError(
+            "init_from cannot start a model with stochastic attention: its amortized guide has "
+            "no per-site locations to start"
+        )
+    with torch.no_grad():
+        parameters = dict(model.named_parameters())
+        for name, value in source.named_parameters():
+            parameters[name].copy_(value.to(device))
+    draws = init_from.draws(None if init_from.samples is not None else DEFAULT_NUM_SAMPLES)
+    return {k: v.flatten(0, 1).mean(0).to(device) for k, v in draws.items()}
+
+
 def svi_init(model: torch.nn.Module, data: SequenceData, **settings) -> SVIState:
     """The state of an SVI fit before its first step.
 
@@ -151,15 +194,35 @@ def svi_init(model: torch.nn.Module, data: SequenceData, **settings) -> SVIState
     given = bound.arguments
     checked = tuple(given[name] for name in _CHECKED_SETTINGS)
     _check_fit(model, data, *checked)
-    return _init(model, data, *checked, given["init_scale"], given["device"], given["seed"])
+    return _init(
+        model,
+        data,
+        *checked,
+        given["init_scale"],
+        given["device"],
+        given["seed"],
+        given["init_from"],
+    )
 
 
 def _init(
-    model, data, guide, num_steps, batch_size, lr, lr_decay, num_particles, init_scale, device, seed
+    model,
+    data,
+    guide,
+    num_steps,
+    batch_size,
+    lr,
+    lr_decay,
+    num_particles,
+    init_scale,
+    device,
+    seed,
+    init_from=None,
 ) -> SVIState:
     """``svi_init`` on checked arguments."""
     device = resolve_device(device)
     model = reinitialised_copy(model, seed, device)
+    start = None if init_from is None else warm_start(model, init_from, device)
     model.train()
     train = data.to(device)
     n = len(train)
@@ -178,8 +241,10 @@ def _init(
         init_scale=init_scale,
         seed=seed,
     )
+    if init_from is not None:
+        settings["init_from"] = init_from.record.get("method", "posterior")
     with pyro.get_param_store().scope() as param_store, seeded(seed, device):
-        autoguide = build_guide(guide, model, init_scale=init_scale)
+        autoguide = build_guide(guide, model, init_scale=init_scale, init_values=start)
         loss_fn = elbo(model, autoguide)
         first = slice(0, batch_size)
         args = (train.x[first], train.y[first], _mask(train, first))
@@ -304,6 +369,7 @@ def fit_svi(
     init_scale: float = 1e-3,
     device: str | torch.device = "auto",
     seed: int = 0,
+    init_from: Posterior | None = None,
     progress: bool = True,
     checkpoint_every: int | None = None,
     checkpoint_dir: str | os.PathLike | None = None,
@@ -337,6 +403,11 @@ def fit_svi(
         init_scale: initial guide standard deviation.
         device: ``"auto"``, ``"cpu"``, ``"cuda"`` ...
         seed: seeds initialisation, mini-batches and ELBO samples.
+        init_from: a fitted ``Posterior`` of a model with the same class and config to start
+            from (a warm start, e.g. from ``fit_map``): the model's point-estimate parameters
+            start at its values, and the guide's locations at its posterior mean of each
+            latent site (the point itself for MAP), in place of the prior draws; the guide's
+            scales still start at ``init_scale``. ``record["init_from"]`` names its method.
         progress: show a tqdm bar with the running ELBO.
         checkpoint_every: write a checkpoint to ``checkpoint_dir`` every this many steps.
         checkpoint_dir: directory of the checkpoint (``inference.checkpoint``; replaced
@@ -369,7 +440,7 @@ def fit_svi(
         load_checkpoint(resume_from)  # fail before any work when it is not a checkpoint
 
     start = time.perf_counter()
-    state = _init(model, data, *settings, init_scale, device, seed)
+    state = _init(model, data, *settings, init_scale, device, seed, init_from)
     if resume_from is not None:
         restore_svi_checkpoint(state, resume_from)
     # disable=None: no bar when output is not a terminal (logs stay readable)

@@ -13,7 +13,7 @@ from pyro.infer.autoguide import (
 from pyro.nn import PyroModule, PyroSample
 
 from probtransformer.datasets import SequenceData
-from probtransformer.inference import NonFiniteELBOError, fit_svi
+from probtransformer.inference import NonFiniteELBOError, fit_ensemble, fit_map, fit_svi
 from probtransformer.models import SequenceClassifier
 
 TINY = dict(d_model=8, num_heads=2, num_layers=1, d_ff=16)
@@ -140,6 +140,35 @@ def test_two_fits_do_not_share_state(rows):
     store = pyro.get_param_store()
     assert set(store.keys()) == {"user.sentinel"}
     assert torch.equal(store["user.sentinel"].detach(), sentinel)
+
+
+def test_warm_start_from_map_starts_at_its_point(rows):
+    """init_from: the guide's locations at the MAP point, the point estimates at its values."""
+    map_fit = fit_map(_tiny(), rows, **{**QUICK, "num_steps": 60, "lr": 3e-2})
+    # lr ~ 0: the warm-started fit stays at its start; the guide's scales are 1e-3
+    warm = fit_svi(_tiny(), rows, init_from=map_fit, **{**QUICK, "num_steps": 1, "lr": 1e-12})
+    cold = fit_svi(_tiny(), rows, **{**QUICK, "num_steps": 1, "lr": 1e-12})
+    assert warm.record["init_from"] == "map" and "init_from" not in cold.record
+    x = rows.x[:16]
+    point = map_fit.predict(x, num_samples=1).mean
+    torch.testing.assert_close(warm.predict(x, num_samples=20).mean, point, atol=0.02, rtol=0)
+    assert (cold.predict(x, num_samples=20).mean - point).abs().max() > 0.1
+    medians = warm.guide.median()
+    for name, value in map_fit.draws(1).items():
+        torch.testing.assert_close(medians[name], value[0, 0])
+    for (name, a), b in zip(warm.model.named_parameters(), map_fit.model.parameters(), strict=True):
+        torch.testing.assert_close(a, b, msg=name)
+
+
+def test_warm_start_refuses_another_model(rows):
+    map_fit = fit_map(_tiny(), rows, **{**QUICK, "num_steps": 2})
+    with pytest.raises(ValueError, match="same model"):
+        fit_svi(_tiny(d_ff=8), rows, init_from=map_fit, **QUICK)
+    with pytest.raises(TypeError, match="init_from"):
+        fit_svi(_tiny(), rows, init_from={"head.weight": 0}, **QUICK)
+    ensemble = fit_ensemble(_tiny(), rows, n_members=2, **{**QUICK, "num_steps": 2})
+    with pytest.raises(ValueError, match="ensemble"):
+        fit_svi(_tiny(), rows, init_from=ensemble, **QUICK)
 
 
 def test_same_seed_same_fit_and_different_seed_different_fit(rows):

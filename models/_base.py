@@ -147,6 +147,10 @@ class TransformerModel(SequenceModel):
     def from_config(cls, config: dict) -> TransformerModel:
         """Rebuild a model from its ``config`` (prior specs given as dicts)."""
         kwargs = dict(config)
+        # options added after runs were saved, recorded only when not their first value: a
+        # missing key means that value (not the model's default, which may have changed since)
+        kwargs.setdefault("positions", "sinusoidal")
+        kwargs.setdefault("conv_kernel", 0)
         for key in _PRIOR_KEYS:
             if key in kwargs:
                 kwargs[key] = priors.from_config(kwargs[key])

@@ -72,6 +72,10 @@ class EncoderConfig:
     # 2017; every run saved before the option existed), "learned" absolute positions, "rotary"
     # (RoPE in self-attention), or "none" (with an ALiBiSlopePrior, or no positions at all).
     positions: str = "sinusoidal"
+    # Local token mixing: > 0 adds a depthwise convolution over this many steps before
+    # attention in every block (probtransformer.block.ConvMixing); 0 (every run saved before the
+    # option existed): none.
+    conv_kernel: int = 0
     # Attention projections and the head latent, the rest point estimates: latent attention is
     # what the package is about, the latent head carries the predictive uncertainty, and keeping
     # the embedding and feed-forward deterministic keeps mean-field SVI fast (stored as a
@@ -111,6 +115,7 @@ class EncoderConfig:
             )
         d_ff = self.d_ff
         check_int("d_ff", d_ff, minimum=0)  # 0: no feed-forward sublayer
+        check_int("conv_kernel", self.conv_kernel, minimum=0)  # 0: no convolution sublayer
         for name in ("layer_norm", "hard_attention"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
@@ -181,14 +186,16 @@ class EncoderConfig:
             layer_norm=self.layer_norm,
             hard_attention=self.hard_attention,
             rotary=self.positions == "rotary",
+            conv_kernel=self.conv_kernel,
         )
 
     def to_dict(self) -> dict:
         """The encoder's part of the model protocol's JSON ``config`` (priors as dicts).
 
-        ``grid``, ``layer_norm=False``, ``hard_attention=True`` and ``positions`` other than
-        ``"sinusoidal"`` are recorded only when set, so configs saved before those options
-        existed load as they are (a missing key means the old behaviour).
+        ``grid``, ``layer_norm=False``, ``hard_attention=True``, ``positions`` other than
+        ``"sinusoidal"`` and ``conv_kernel`` other than 0 are recorded only when set, so configs
+        saved before those options existed load as they are (a missing key means the old
+        behaviour; ``TransformerModel.from_config`` fills it in).
         """
         specs = self.attention_prior
         config = dict(
@@ -210,6 +217,8 @@ class EncoderConfig:
             config["hard_attention"] = True
         if self.positions != "sinusoidal":
             config["positions"] = self.positions
+        if self.conv_kernel:
+            config["conv_kernel"] = self.conv_kernel
         return config
 
 
@@ -224,6 +233,7 @@ OPTIONS = (
     "layer_norm",
     "hard_attention",
     "positions",
+    "conv_kernel",
     "bayesian",
     "weight_prior",
     "attention_prior",
@@ -231,23 +241,32 @@ OPTIONS = (
 )
 
 
-def takes_encoder_options(init: Callable) -> Callable:
+def takes_encoder_options(init: Callable | None = None, /, **defaults) -> Callable:
     """Decorate a model's ``__init__(self, ..., **options)`` that passes ``options`` on to
-    ``EncoderConfig``.
+    ``EncoderConfig``; ``@takes_encoder_options(name=value, ...)`` gives this model's own
+    defaults for some options (the text models' recipe).
 
     The constructor's signature gains the ``OPTIONS`` as keyword-only parameters with
-    ``EncoderConfig``'s defaults, so ``help()``, ``inspect.signature`` and the CLI read them
-    from the one place they are defined, and a call with a name that is neither the
-    constructor's own nor an option raises ``TypeError`` as Python does.
+    ``EncoderConfig``'s defaults (or the model's own), so ``help()``, ``inspect.signature`` and
+    the CLI read them from the one place they are defined, and a call with a name that is
+    neither the constructor's own nor an option raises ``TypeError`` as Python does.
+
+    Raises:
+        TypeError: a default for a name that is not among ``OPTIONS``.
     """
+    unknown = sorted(set(defaults) - set(OPTIONS))
+    if unknown:
+        raise TypeError(f"takes_encoder_options: {unknown} are not encoder options {OPTIONS}")
+    if init is None:
+        return functools.partial(takes_encoder_options, **defaults)
     own = inspect.signature(init)
-    defaults = {f.name: f for f in fields(EncoderConfig)}
+    fields_ = {f.name: f for f in fields(EncoderConfig)}
     options = [
         inspect.Parameter(
             name,
             inspect.Parameter.KEYWORD_ONLY,
-            default=defaults[name].default,
-            annotation=defaults[name].type,
+            default=defaults.get(name, fields_[name].default),
+            annotation=fields_[name].type,
         )
         for name in OPTIONS
     ]
@@ -260,7 +279,7 @@ def takes_encoder_options(init: Callable) -> Callable:
             signature.bind(self, *args, **kwargs)
         except TypeError as e:  # a missing or unknown argument, named as Python names it
             raise TypeError(f"{init.__qualname__}() {e}") from None
-        init(self, *args, **kwargs)
+        init(self, *args, **{**defaults, **kwargs})
 
     checked.__signature__ = signature
     return checked

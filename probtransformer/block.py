@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from pyro.nn import PyroModule
 from torch import nn
 
-from probtransformer import priors
+from probtransformer import kv_cache, priors
 from probtransformer.attention import BayesMultiheadAttention
 from probtransformer.layers import BayesLayerNorm, BayesLinear
 
@@ -45,6 +45,50 @@ class FeedForward(PyroModule):
         return self.linear2(self.dropout(F.gelu(self.linear1(h))))
 
 
+class ConvMixing(nn.Module):
+    """Depthwise convolution over steps: feature ``c`` at step ``t`` becomes
+    ``sum_j w[c, j] h[t + j - shift, c] + b[c]``, mixing each feature over a window of
+    ``kernel`` neighbouring steps (the local token mixing of ConvBERT, Jiang et al. 2020, and of
+    the Conformer's convolution module, Gulati et al. 2020, without their gating).
+
+    Causal (``causal=True``) windows end at the step itself (the ``kernel - 1`` steps before
+    it); otherwise they are centred. Padded steps (``key_padding_mask`` False) enter as zeros.
+    The ``(d, kernel)`` weights and ``(d,)`` biases are point estimates (Xavier-uniform, zero).
+    Inside ``kv_cache.decoding`` the steps before the new ones come from the cache.
+
+    Shapes:
+        ``forward(h (s, N, T, d), key_padding_mask (N, T) | None)`` -> ``(s, N, T, d)``.
+    """
+
+    def __init__(self, d_model: int, kernel: int, *, causal: bool) -> None:
+        super().__init__()
+        self.kernel = kernel
+        self.causal = causal
+        self.weight = nn.Parameter(torch.empty(d_model, 1, kernel))
+        self.bias = nn.Parameter(torch.empty(d_model))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Re-draw the weights (Xavier-uniform over the window) and zero the biases."""
+        nn.init.xavier_uniform_(self.weight)
+        nn.init.zeros_(self.bias)
+
+    def forward(self, h: torch.Tensor, key_padding_mask: torch.Tensor | None = None):
+        if key_padding_mask is not None:
+            h = h * key_padding_mask[..., None].to(h.dtype)
+        T = h.shape[-2]
+        before = self.kernel - 1 if self.causal else (self.kernel - 1) // 2
+        cache = kv_cache.active()
+        if cache is not None:
+            h = cache.preceding(self, h, before)  # (s, N, before + T, d), zeros at the start
+            before = 0
+        lead = h.shape[:-2]
+        x = h.reshape(-1, *h.shape[-2:]).transpose(1, 2)  # (s N, d, T)
+        x = F.pad(x, (before, self.kernel - 1 - before if not self.causal else 0))
+        out = F.conv1d(x, self.weight, self.bias, groups=x.shape[1])  # (s N, d, T)
+        return out.transpose(1, 2)[:, -T:].reshape(*lead, T, -1)
+
+
 class TransformerBlock(PyroModule):
     """Attention + feed-forward, each wrapped in a residual connection and LayerNorm.
 
@@ -63,6 +107,9 @@ class TransformerBlock(PyroModule):
         layer_norm: False replaces every LayerNorm by the identity.
         hard_attention: attention takes the value of its top-scoring key only.
         rotary: self-attention rotates queries and keys by position (RoPE).
+        conv_kernel: > 0 adds a first sublayer of local token mixing, a ``ConvMixing`` over
+            this many steps (causal with ``causal``); 0: none.
+        causal: the block belongs to a causal stack (its convolution looks back only).
         bayesian: which of "attention", "ffn", "norm" are latent.
         weight_prior: prior spec of latent weights.
         attention_prior: prior spec(s) of the attention logits (see ``BayesMultiheadAttention``).
@@ -90,6 +137,8 @@ class TransformerBlock(PyroModule):
         layer_norm: bool = True,
         hard_attention: bool = False,
         rotary: bool = False,
+        conv_kernel: int = 0,
+        causal: bool = False,
     ) -> None:
         super().__init__()
         self.norm_first = norm_first
@@ -117,6 +166,8 @@ class TransformerBlock(PyroModule):
         self.norm1 = self._norm(d_model)
         self.norm2 = self._norm(d_model)
         self.dropout = nn.Dropout(dropout)
+        self.conv = ConvMixing(d_model, conv_kernel, causal=causal) if conv_kernel else None
+        self.norm0 = self._norm(d_model) if conv_kernel else None
 
     def _norm(self, d_model: int) -> nn.Module:
         return make_norm(d_model, enabled=self.layer_norm, bayesian="norm" in self.bayesian)
@@ -126,6 +177,12 @@ class TransformerBlock(PyroModule):
         if self.norm_first:
             return h + f(norm(h))
         return norm(h + f(h))
+
+    def _conv_mixing(self, h: torch.Tensor, key_padding_mask: torch.Tensor | None):
+        if self.conv is None:
+            return h
+        mix = lambda x: self.dropout(self.conv(x, key_padding_mask))  # noqa: E731
+        return self._sublayer(h, mix, self.norm0)
 
     def _feed_forward(self, h: torch.Tensor) -> torch.Tensor:
         if self.ffn is None:
@@ -153,6 +210,7 @@ class TransformerBlock(PyroModule):
         key_padding_mask: torch.Tensor | None = None,
         attn_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        h = self._conv_mixing(h, key_padding_mask)
         return self._feed_forward(self._self_attention(h, key_padding_mask, attn_mask))
 
 
@@ -202,5 +260,7 @@ class DecoderBlock(TransformerBlock):
         def cross(x: torch.Tensor) -> torch.Tensor:
             return self.dropout(self.cross_attention(x, memory, key_padding_mask=memory_mask))
 
-        h = self._self_attention(h, key_padding_mask, attn_mask)
+        h = self._self_attention(
+            self._conv_mixing(h, key_padding_mask), key_padding_mask, attn_mask
+        )
         return self._feed_forward(self._sublayer(h, cross, self.norm3))

@@ -147,3 +147,42 @@ def test_alibi_spec_round_trips_through_the_config():
     spec = priors.ALiBiSlopePrior(scale=0.25)
     assert priors.from_config(priors.to_config(spec)) == spec
     assert math.isclose(priors.to_config(spec)["scale"], 0.25)
+
+
+# -- convolutional token mixing (conv_kernel=) --------------------------------------------------
+
+
+@pytest.mark.parametrize("causal, reach", [(True, (0, 2)), (False, (-1, 1))])
+def test_a_convolution_mixes_each_step_with_its_window_only(causal, reach):
+    """A change at step t moves the outputs at ``t + reach[0] .. t + reach[1]`` only: the
+    window of kernel 3 is the step and the two before it (causal) or its two neighbours."""
+    from probtransformer.block import ConvMixing
+
+    torch.manual_seed(0)
+    conv = ConvMixing(4, 3, causal=causal)
+    h = torch.randn(1, 2, T, 4)
+    changed = h.clone()
+    changed[:, 0, 3] += 1.0
+    moved = (conv(changed) - conv(h)).abs().sum(-1)[0]  # (N, T)
+    assert (moved[1] == 0).all()  # the other sequence
+    lo, hi = 3 + reach[0], 3 + reach[1]
+    assert (moved[0, lo : hi + 1] > 0).all()
+    outside = torch.ones(T, dtype=torch.bool)
+    outside[lo : hi + 1] = False
+    assert (moved[0, outside] == 0).all()
+    # padded steps enter as zeros: a masked step's values do not reach its neighbours
+    mask = torch.ones(2, T, dtype=torch.bool)
+    mask[0, 3] = False
+    torch.testing.assert_close(conv(changed, mask), conv(h, mask))
+
+
+def test_conv_kernel_is_recorded_and_missing_means_none():
+    model = TokenTagger(None, 2, T, vocab_size=5, d_model=8, num_heads=2, conv_kernel=3)
+    assert model.config["conv_kernel"] == 3 and model.encoder.layers[0].conv.kernel == 3
+    rebuilt = TokenTagger.from_config(model.config)
+    assert rebuilt.encoder.layers[0].conv.kernel == 3
+    old = {k: v for k, v in model.config.items() if k != "conv_kernel"}  # saved before it
+    assert TokenTagger.from_config(old).encoder.layers[0].conv is None
+    for bad, error in ((-1, ValueError), (2.5, ValueError), (True, ValueError)):
+        with pytest.raises(error, match="conv_kernel"):
+            TokenTagger(None, 2, T, vocab_size=5, d_model=8, num_heads=2, conv_kernel=bad)

@@ -137,7 +137,6 @@ class PredictionEngine:
         batches are joined along ``n`` on CPU.
         """
         num = next(iter(flat_draws.values())).shape[0] if flat_draws else 1
-        site = self.model.likelihood_site
         local = {k: v for k, v in flat_draws.items() if k in self.local_sites}
         condition = {
             k: v.reshape(num, 1, *v.shape[1:]) for k, v in flat_draws.items() if k not in local
@@ -152,37 +151,57 @@ class PredictionEngine:
                     None if mask is None else mask[rows],
                 )
                 rows_condition = {**condition, **{k: v[:, rows] for k, v in local.items()}}
-                model = _LikelihoodNotSampled(site, self.device)(
-                    poutine.condition(self.model, data=rows_condition)
-                )
-                if self.amortized_guide is not None:  # local latents from the guide
-                    model = amortized(self.amortized_guide)(model)
-                try:
-                    with pyro.plate(DRAWS_PLATE, num, dim=DRAWS_DIM):  # -1: the data plate
-                        trace = poutine.trace(model).get_trace(*args)
-                except ValueError as e:
-                    if not is_invalid_parameter_error(e):
-                        raise
-                    raise ValueError(
-                        f"the model's outputs are not finite for input rows {rows.start} to "
-                        f"{min(rows.stop, x.shape[0]) - 1}: are the inputs scaled as in training?"
-                    ) from e
-                except RuntimeError as e:
-                    if isinstance(e, torch.OutOfMemoryError):
-                        raise
-                    raise ValueError(
-                        f"the model fails on inputs of shape {tuple(args[0].shape)} under {num} "
-                        f"vectorized posterior draws ({str(e).splitlines()[0]}): give inputs "
-                        "shaped as the training data; a model of your own must let each latent "
-                        "(draws, 1, *shape) broadcast from the right (docs/protocol.md)"
-                    ) from e
-                check_draw_batch_shape(site, trace.nodes[site]["fn"], num, args[0].shape[0])
+                trace = self.trace(rows_condition, num, args, first_row=start)
                 for key, value in read(trace).items():
                     pieces.setdefault(key, []).append(value.cpu())
         return {
             key: torch.cat([v.expand(num, *v.shape[1:]) for v in values], dim=1)
             for key, values in pieces.items()
         }
+
+    def trace(
+        self,
+        condition: dict[str, torch.Tensor],
+        num: int,
+        args: tuple,
+        *,
+        first_row: int = 0,
+    ) -> poutine.Trace:
+        """One traced forward pass of the model on ``args = (x, y, mask)`` for ``num`` draws,
+        conditioned on ``condition`` (``{site: (num, 1 or n, *shape)}``), inside the plate over
+        draws. Call it under ``pyro_scope()`` and ``torch.no_grad()``.
+
+        Raises:
+            ValueError: non-finite outputs, or a model that fails on the inputs (naming the rows
+                from ``first_row`` on); a likelihood whose batch shape is not ``(num, n)``.
+        """
+        site = self.model.likelihood_site
+        model = _LikelihoodNotSampled(site, self.device)(
+            poutine.condition(self.model, data=condition)
+        )
+        if self.amortized_guide is not None:  # local latents from the guide
+            model = amortized(self.amortized_guide)(model)
+        try:
+            with pyro.plate(DRAWS_PLATE, num, dim=DRAWS_DIM):  # -1: the data plate
+                trace = poutine.trace(model).get_trace(*args)
+        except ValueError as e:
+            if not is_invalid_parameter_error(e):
+                raise
+            raise ValueError(
+                f"the model's outputs are not finite for input rows {first_row} to "
+                f"{first_row + args[0].shape[0] - 1}: are the inputs scaled as in training?"
+            ) from e
+        except RuntimeError as e:
+            if isinstance(e, torch.OutOfMemoryError):
+                raise
+            raise ValueError(
+                f"the model fails on inputs of shape {tuple(args[0].shape)} under {num} "
+                f"vectorized posterior draws ({str(e).splitlines()[0]}): give inputs "
+                "shaped as the training data; a model of your own must let each latent "
+                "(draws, 1, *shape) broadcast from the right (docs/protocol.md)"
+            ) from e
+        check_draw_batch_shape(site, trace.nodes[site]["fn"], num, args[0].shape[0])
+        return trace
 
 
 # -- readers: what a pass returns -------------------------------------------------------------

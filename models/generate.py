@@ -1,16 +1,37 @@
-"""Text generation from a fitted ``CausalLM`` posterior, with per-token uncertainty."""
+"""Text generation from a fitted ``CausalLM`` posterior, with per-token uncertainty.
+
+The engine conditions the model on one set of posterior draws for the whole generation and
+decodes a batch of prompts in lockstep: every sequence advances one step per forward pass, a
+sequence whose prompt is longer than the shortest one being fed its own prompt tokens (forced)
+until they run out, so all sequences share their positions and need no padding. With the key-value
+cache (``probtransformer.kv_cache``) a pass computes only the new step of each sequence.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import warnings
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+import pyro
 import torch
+from pyro import poutine
+from torch.nn.utils.stateless import _reparametrize_module
 
+from probtransformer import kv_cache
+from probtransformer.attention import BayesMultiheadAttention
+from probtransformer.inference._runtime import pyro_scope, seeded
+from probtransformer.inference.draws import Draws
+from probtransformer.inference.engine import (
+    _dropout_active,
+    _flatten_chains,
+)
+from probtransformer.inference.model_checks import DRAWS_DIM, DRAWS_PLATE
 from probtransformer.models.token import CausalLM
 
 STRATEGIES = ("greedy", "sample")
@@ -149,9 +170,135 @@ def _prompt_ids(model: CausalLM, prompt) -> tuple[torch.Tensor, int]:
     return ids, 0
 
 
+def _prompts(model: CausalLM, prompt) -> tuple[list, list[torch.Tensor], list[int], bool]:
+    """The prompts one by one, their token ids, their counts of characters outside the
+    vocabulary, and whether ``prompt`` was a batch (a list of prompts, or a 2-D tensor or array
+    of token ids)."""
+    prompt_types = str | list | tuple | torch.Tensor | np.ndarray | pd.Series
+    if (
+        isinstance(prompt, list | tuple)
+        and prompt
+        and all(isinstance(p, prompt_types) for p in prompt)
+    ):
+        items, batched = list(prompt), True
+    elif isinstance(prompt, torch.Tensor | np.ndarray) and prompt.ndim == 2:
+        items, batched = list(prompt), True
+    else:
+        items, batched = [prompt], False
+    if not items:
+        raise ValueError("prompt is an empty batch: give at least one prompt")
+    parsed = [_prompt_ids(model, p) for p in items]
+    return items, [ids for ids, _ in parsed], [unknown for _, unknown in parsed], batched
+
+
+class _NextToken:
+    """Next-token probabilities of every posterior draw for sequences decoded in lockstep.
+
+    ``step(history, new)`` takes the ``(B, L)`` tokens so far, ``new`` of them not yet seen,
+    and returns ``(S, B, V)``: each draw's distribution of the token after each sequence.
+    Without a cache each call re-encodes the last ``max_len`` tokens. With it, only the new
+    tokens are encoded; when the window would outgrow ``max_len`` the cache restarts from the
+    last ``max_len // 2`` tokens (or the last ``max_len`` new ones).
+
+    Draws that run vectorized share one pass and one cache; ensemble members and MC-dropout
+    draws run one pass each, with their own cache. Use it inside ``held()``: the model's latent
+    values, conditioned on the draws, are then computed once per pass and reused at every step
+    (``PyroModule`` caches a sample site's value while its context is open) instead of being
+    looked up through Pyro's sample statements at every step.
+    """
+
+    def __init__(self, posterior, draws: Draws, *, cache: bool) -> None:
+        model = posterior.model
+        self.model, self.device = model, posterior.device
+        flat = _flatten_chains(draws.latents)
+        states = None if draws.states is None else _flatten_chains(draws.states)
+        size = 1 if draws.dropout or states is not None else draws.num
+        # plain tensors in place of the model's parameters (each member's for an ensemble), as
+        # torch.func.functional_call swaps them in: PyroModule issues a pyro.param statement at
+        # every access of an nn.Parameter, none for a tensor; the model itself is not changed
+        shared = {name: p.detach() for name, p in model.named_parameters()}
+        self.passes = [
+            _Pass(
+                first=s,
+                num=min(size, draws.num - s),
+                condition={
+                    k: v[s : s + size].reshape(-1, 1, *v.shape[1:]) for k, v in flat.items()
+                },
+                cache=kv_cache.KVCache() if cache else None,
+                parameters=shared
+                if states is None
+                else shared | {k: v[s] for k, v in states.items()},
+            )
+            for s in range(0, draws.num, size)
+        ]
+        self._swapped = False
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Keep the model's sample-value cache open (one per pass) for the block, and with a
+        single pass its parameters swapped for tensors (several passes swap at each step)."""
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(self.model._pyro_context)
+            if len(self.passes) == 1:
+                stack.enter_context(_reparametrize_module(self.model, self.passes[0].parameters))
+                self._swapped = True
+            try:
+                yield
+            finally:
+                self._swapped = False
+
+    def step(self, history: torch.Tensor, new: int) -> torch.Tensor:
+        max_len, length = self.model.max_len, history.shape[1]
+        context = self.model._pyro_context
+        probs = []
+        for p in self.passes:
+            cache = p.cache
+            if cache is None:
+                feed = history[:, -max_len:]
+            elif cache.offset + new <= max_len:
+                feed = history[:, length - new :]
+            else:  # the window is full: encode the recent tokens afresh
+                cache.reset()
+                feed = history[:, -min(length, max(max_len // 2, min(new, max_len))) :]
+            context.cache = p.values  # this pass's latent values (filled at its first step)
+            with (
+                kv_cache.decoding(cache),
+                poutine.condition(data=p.condition),
+                pyro.plate(DRAWS_PLATE, p.num, dim=DRAWS_DIM),
+                contextlib.nullcontext()
+                if self._swapped
+                else _reparametrize_module(self.model, p.parameters),
+            ):
+                logits = self.model.logits(feed)[:, :, -1]  # (s', B, V)
+            if cache is not None:
+                cache.advance(feed.shape[1])
+            probs.append(torch.softmax(logits, -1).expand(p.num, *logits.shape[1:]))
+        return torch.cat(probs).cpu()
+
+
+@dataclass
+class _Pass:
+    """One forward pass of a decoding step: draws ``first`` to ``first + num`` of the flat
+    draws, their conditioned latents, their KV cache, the model parameters they run with, and
+    their latent values once computed."""
+
+    first: int
+    num: int
+    condition: dict[str, torch.Tensor]
+    cache: kv_cache.KVCache | None
+    parameters: dict[str, torch.Tensor]
+    values: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def _decodes_with_cache(model: CausalLM) -> bool:
+    """False when a self-attention module samples per-sequence logits (stochastic attention),
+    which the cache cannot extend step by step."""
+    return not any(m.stochastic for m in model.modules() if isinstance(m, BayesMultiheadAttention))
+
+
 def generate(
     posterior,
-    prompt: str | list[int] | torch.Tensor,
+    prompt,
     *,
     max_new_tokens: int = 100,
     strategy: str = "greedy",
@@ -161,16 +308,18 @@ def generate(
     bayes_average: bool = True,
     num_samples: int = 100,
     seed: int = 0,
-) -> Generation:
+    cache: bool | None = None,
+) -> Generation | list[Generation]:
     """Generate tokens after ``prompt`` from a fitted ``CausalLM`` posterior.
 
-    At each step the model reads the last ``max_len`` tokens and gives, for each of
-    ``num_samples`` posterior draws, a next-token distribution ``p_s (V,)``.
+    ``num_samples`` posterior draws are taken once (``posterior.draw(num_samples, seed=seed)``)
+    and condition every step. At each step the model reads the tokens so far (the last
+    ``max_len``) and gives, for each draw ``s``, a next-token distribution ``p_s (V,)``.
 
     - ``bayes_average=True``: decode from the posterior predictive ``mean_s p_s`` (the model
       average over draws).
-    - ``bayes_average=False``: one posterior draw is chosen at the start and decodes the whole
-      sequence (Thompson-style sampling of a model, then of text).
+    - ``bayes_average=False``: Thompson decoding: each sequence picks one posterior draw at
+      the start and decodes from it alone (sampling a model, then text from it).
 
     The chosen distribution is sharpened or flattened by ``temperature``, truncated to the
     ``top_k`` most probable tokens and to the nucleus of mass ``top_p``, and then decoded by
@@ -178,27 +327,43 @@ def generate(
     entropy of the posterior predictive split into aleatoric and epistemic parts (nats), before
     the truncation.
 
+    A batch of prompts (ragged lengths allowed) is decoded together, one forward pass per
+    step for all of them. With the key-value cache (``cache``, ``probtransformer.kv_cache``) a
+    step encodes only the newest token of each sequence instead of the whole window, with the
+    same tokens (up to floating-point rounding) as long as prompt plus output fit in
+    ``max_len``. Beyond ``max_len`` the uncached engine reads the last ``max_len`` tokens at
+    every step, while the cached one re-encodes the last ``max_len // 2`` tokens whenever its
+    window is full and extends them step by step, so it reads between ``max_len / 2`` and
+    ``max_len`` tokens. Ensemble members and MC-dropout draws run one pass (and cache) each; an
+    MC-dropout cache keeps each step's dropout mask, so its tokens differ from the uncached
+    engine's, which draws fresh masks for the whole window at every step.
+
     Args:
         posterior: ``Posterior`` of a ``CausalLM`` (any fit method).
         prompt: text, read character by character (characters outside the vocabulary map to
             ``"<unk>"`` with a warning; without ``"<unk>"`` they raise), or 1-D token ids (list,
-            tensor, numpy array or pandas Series).
-        max_new_tokens: tokens to generate ``K``.
+            tensor, numpy array or pandas Series); or a batch: a list of such prompts, or a
+            2-D tensor or array of token ids ``(B, L)``.
+        max_new_tokens: tokens to generate ``K`` for each prompt.
         strategy: ``"greedy"`` or ``"sample"``.
         temperature: ``> 0``; 1 leaves the distribution as it is.
         top_k: keep only the ``k >= 1`` most probable tokens, or None.
         top_p: keep the smallest set of tokens with mass ``>= top_p``, in ``(0, 1]``, or None.
-        bayes_average: average over posterior draws (True) or follow one draw (False).
-        num_samples: posterior draws ``S``.
+        bayes_average: average over posterior draws (True) or Thompson decoding (False).
+        num_samples: posterior draws ``S`` (1 for point estimates).
         seed: seeds the draws and the sampling; same seed, same text.
+        cache: use the key-value cache (True), re-encode the window at every step (False), or
+            use it where the model allows (None: not with stochastic attention, whose
+            per-sequence logits cannot be extended step by step).
 
     Returns:
-        ``Generation`` with ``text``, ``token_ids``, ``entropy``, ``aleatoric``, ``epistemic``.
+        One ``Generation`` for one prompt; a list of them, in order, for a batch.
 
     Raises:
         TypeError: ``posterior`` not of a ``CausalLM``; a text prompt for an integer vocabulary.
-        ValueError: an empty prompt, token ids out of range, ``top_p`` outside (0, 1],
-            ``top_k < 1``, ``temperature <= 0``, an unknown ``strategy``, ``max_new_tokens < 1``.
+        ValueError: an empty prompt or batch, token ids out of range, ``top_p`` outside (0, 1],
+            ``top_k < 1``, ``temperature <= 0``, an unknown ``strategy``, ``max_new_tokens < 1``,
+            ``cache=True`` for a model with stochastic attention.
     """
     model = getattr(posterior, "model", None)
     if not isinstance(model, CausalLM):
@@ -206,41 +371,85 @@ def generate(
             f"generate needs the Posterior of a CausalLM, got one of {type(model).__name__}"
         )
     _check_options(max_new_tokens, strategy, temperature, top_k, top_p, seed)
-    ids, unknown = _prompt_ids(model, prompt)
-    if unknown:
+    if cache not in (None, True, False):
+        raise TypeError(f"cache must be None, True or False, got {cache!r}")
+    if cache and not _decodes_with_cache(model):
+        raise ValueError(
+            "cache=True, but this model's stochastic attention samples a logit event per "
+            "sequence that a KV cache cannot extend: use cache=None or False"
+        )
+    items, prompts, unknown, batched = _prompts(model, prompt)
+    if sum(unknown):
         warnings.warn(
-            f"{unknown} prompt character(s) are outside the vocabulary and were mapped to <unk>",
+            f"{sum(unknown)} prompt character(s) are outside the vocabulary and were mapped to "
+            "<unk>",
             stacklevel=2,
         )
+    device = posterior.device
+    draws = posterior.draw(num_samples, seed=seed)
+    draws = draws.without(set(posterior.local_shapes))  # kept local latents: training rows
+    decoder = _NextToken(posterior, draws, cache=_decodes_with_cache(model) and cache is not False)
     generator = torch.Generator().manual_seed(int(seed))
-    new, stats = [], []
-    draw = None
-    for _ in range(max_new_tokens):
-        context = torch.cat([ids, torch.tensor(new, dtype=torch.long)])[-model.max_len :]
-        pred = posterior.predict(context[None], num_samples=num_samples, seed=seed)
-        probs = pred.probs[:, 0, -1]  # (S, V) next-token distribution of each draw
-        mean = probs.mean(0)
-        entropy = -torch.special.xlogy(mean, mean).sum()
-        aleatoric = -torch.special.xlogy(probs, probs).sum(-1).mean()
-        stats.append((entropy, aleatoric, (entropy - aleatoric).clamp(min=0.0)))
-        if not bayes_average and draw is None:
-            draw = int(torch.randint(probs.shape[0], (1,), generator=generator))
-        chosen = _filter(mean if bayes_average else probs[draw], temperature, top_k, top_p)
-        if strategy == "greedy":
-            token = int(chosen.argmax())
-        else:
-            token = int(torch.multinomial(chosen, 1, generator=generator))
-        new.append(token)
-    token_ids = torch.tensor(new, dtype=torch.long)
-    entropy, aleatoric, epistemic = (torch.stack(v) for v in zip(*stats, strict=True))
+    B, shortest = len(prompts), min(len(p) for p in prompts)
+    choice = None if bayes_average else torch.randint(draws.num, (B,), generator=generator)
+    forced = [p[shortest:].tolist() for p in prompts]  # prompt tokens past the shortest
+    new: list[list[int]] = [[] for _ in range(B)]
+    stats: list[list[torch.Tensor]] = [[] for _ in range(B)]
+    history = torch.stack([p[:shortest] for p in prompts]).to(device)  # (B, L)
+    fresh = shortest
+    with (
+        pyro_scope(),
+        torch.inference_mode(),
+        seeded(seed, device),
+        _dropout_active(model, draws.dropout),
+        decoder.held(),
+    ):
+        while True:
+            probs = decoder.step(history, fresh)  # (S, B, V)
+            mean = probs.mean(0)  # (B, V)
+            entropy = -torch.special.xlogy(mean, mean).sum(-1)
+            aleatoric = -torch.special.xlogy(probs, probs).sum(-1).mean(0)
+            tokens = []
+            for b in range(B):
+                if forced[b]:
+                    tokens.append(forced[b].pop(0))
+                    continue
+                if len(new[b]) == max_new_tokens:  # done: any token keeps the lockstep
+                    tokens.append(new[b][-1])
+                    continue
+                stats[b].append(torch.stack([entropy[b], aleatoric[b]]))
+                chosen = mean[b] if choice is None else probs[choice[b], b]
+                if temperature != 1 or top_k is not None or top_p is not None:
+                    chosen = _filter(chosen, temperature, top_k, top_p)
+                if strategy == "greedy":
+                    token = int(chosen.argmax())
+                else:
+                    token = int(torch.multinomial(chosen, 1, generator=generator))
+                new[b].append(token)
+                tokens.append(token)
+            if all(len(n) == max_new_tokens for n in new):
+                break
+            history = torch.cat([history, torch.tensor(tokens, device=device)[:, None]], 1)
+            fresh = 1
+    out = [
+        _generation(model, p, ids, torch.stack(s), u)
+        for p, ids, s, u in zip(items, new, stats, unknown, strict=True)
+    ]
+    return out if batched else out[0]
+
+
+def _generation(model: CausalLM, prompt, new: list[int], stats: torch.Tensor, unknown: int):
+    """The ``Generation`` of one prompt from its new token ids and ``(K, 2)`` entropy and
+    aleatoric entropy per token."""
+    entropy, aleatoric = stats[:, 0], stats[:, 1]
     tokens = None if model.vocab is None else tuple(model.vocab[i] for i in new)
     return Generation(
         prompt=prompt if isinstance(prompt, str) else None,
         text=None if tokens is None else "".join(tokens),
         tokens=tokens,
-        token_ids=token_ids,
+        token_ids=torch.tensor(new, dtype=torch.long),
         entropy=entropy,
         aleatoric=aleatoric,
-        epistemic=epistemic,
+        epistemic=(entropy - aleatoric).clamp(min=0.0),
         unknown=unknown,
     )

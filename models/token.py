@@ -7,7 +7,8 @@ from collections.abc import Sequence
 
 import torch
 
-from probtransformer.models._base import TransformerModel
+from probtransformer.layers import align_draws
+from probtransformer.models._base import TransformerModel, data_plate_for
 from probtransformer.models._config import EncoderConfig, takes_encoder_options
 from probtransformer.models.heads import CategoricalHead
 from probtransformer.validation import check_num_classes
@@ -62,6 +63,13 @@ class TokenTagger(TransformerModel):
     def _forward(self, x, y, mask, plate) -> torch.Tensor:
         h, _ = self._encode(x, mask, plate)  # (s, N, T, d)
         return self.head.observe(h, y, plate, mask=mask, site=self.likelihood_site)
+
+    def logits(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The network alone, without the likelihood site: ``logits (*draws, N, T, C)`` for
+        ``x`` as in ``forward`` (what ``generate`` reads at each step)."""
+        with self._pyro_context:  # the latents' sample statements, as in a call of the model
+            h, _ = self._encode(x, mask, data_plate_for(x, None))  # (s, N, T, d)
+            return align_draws(self.head(h))
 
 
 class CausalLM(TokenTagger):

@@ -14,7 +14,7 @@ from pyro import poutine
 from pyro.nn import PyroModule, PyroSample
 from torch import nn
 
-from probtransformer import priors
+from probtransformer import kv_cache, priors
 from probtransformer.layers import align_draws, batched_linear, flatten_draws
 from probtransformer.positional import rotary_angles, rotate
 
@@ -313,9 +313,21 @@ class BayesMultiheadAttention(PyroModule):
         q = q.view(S, N, Tq, nh, hs).transpose(2, 3)  # (S, N, H', Tq, hs)
         k = k.view(k.shape[0], N, Tk, nh, hs).transpose(2, 3)  # (S, N, H', Tk, hs)
         v = v.view(v.shape[0], N, Tk, nh, hs).transpose(2, 3)  # (S, N, H', Tk, hs)
+        cache = kv_cache.active() if key_value is None else None
         if self.rotary and key_value is None:
-            cos, sin = rotary_angles(torch.arange(Tq, device=q.device), hs)
+            start = 0 if cache is None else cache.offset
+            cos, sin = rotary_angles(torch.arange(start, start + Tq, device=q.device), hs)
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        if cache is not None:  # the new steps attend to the cached ones too
+            if self.stochastic:
+                raise RuntimeError(
+                    "stochastic attention samples a (T, T) logit event per sequence, which a "
+                    "KV cache cannot extend step by step: decode without the cache"
+                )
+            k, v = cache.keys_values(self, k, v)
+            Tk = k.shape[-2]
+        # self-attention: the queries are the last Tq of the Tk steps (Tk > Tq with a cache)
+        first_query = Tk - Tq if key_value is None else 0
         # the scales go on the (Tq, d_head) queries rather than the (Tq, Tk) logits: same
         # logits, fewer operations whenever T > d_head
         scale = 1.0 / math.sqrt(hs)
@@ -327,22 +339,22 @@ class BayesMultiheadAttention(PyroModule):
         prior_terms = 0.0
         if priors.ALiBiSlopePrior in self.priors:
             slope = flatten_draws(self.alibi_slope, 1)[:, heads]  # (s, H')
-            offsets = torch.arange(Tq, device=logits.device)[:, None] - torch.arange(
-                Tk, device=logits.device
-            )
+            offsets = torch.arange(first_query, first_query + Tq, device=logits.device)[
+                :, None
+            ] - torch.arange(Tk, device=logits.device)
             distance = offsets.abs().to(logits.dtype)  # (Tq, Tk): |i - j|
             prior_terms = -slope.view(slope.shape[0], 1, nh, 1, 1) * distance
             logits = logits + prior_terms
         if priors.AttentionLogitPrior in self.priors:
             spec = self.priors[priors.AttentionLogitPrior]
-            log_p = spec.log_guidance(Tq, key_padding_mask, device=logits.device)  # ([N,] T, T)
+            log_p = spec.log_guidance(Tk, key_padding_mask, device=logits.device)  # ([N,] T, T)
             if log_p.dim() == 3 and log_p.shape[0] not in (1, N):
                 raise ValueError(
                     f"the guidance returned weights for {log_p.shape[0]} sequences, but the "
                     f"input has N={N}: return (T, T) or (N, T, T)"
                 )
-            log_p = log_p.view(1, -1, 1, Tq, Tk)  # (1, N or 1, 1, T, T)
-            offset = flatten_draws(self.logit_offset, 3)[:, heads, :Tq, :Tk]  # (s, H', T, T)
+            log_p = log_p.view(1, -1, 1, Tk, Tk)[..., first_query:, :]  # (1, N or 1, 1, Tq, Tk)
+            offset = flatten_draws(self.logit_offset, 3)[:, heads, first_query:Tk, :Tk]
             guidance = log_p.masked_fill(log_p == -math.inf, 0.0) + offset[:, None]
             prior_terms = prior_terms + guidance
             guided = log_p > -math.inf

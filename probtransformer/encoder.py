@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from pyro.nn import PyroModule, PyroModuleList
 
+from probtransformer import kv_cache
 from probtransformer.attention import BayesMultiheadAttention
 from probtransformer.block import DecoderBlock, TransformerBlock, make_norm
 
@@ -37,6 +38,7 @@ class _BlockStack(PyroModule):
                     d_ff,
                     norm_first=norm_first,
                     bayesian=bayesian,
+                    causal=causal,
                     **block_options,
                 )
                 for _ in range(num_layers)
@@ -48,12 +50,20 @@ class _BlockStack(PyroModule):
         )
 
     def _attn_mask(self, h: torch.Tensor) -> torch.Tensor | None:
-        """``(T, T)`` bool, True where a query (row) may see a key, for ``h (..., T, d)``; None
-        when not causal."""
+        """``(T, offset + T)`` bool, True where a query (row) may see a key, for ``h (..., T, d)``
+        and the ``offset`` steps of an active ``kv_cache`` (0 without); None when not causal.
+
+        Raises:
+            RuntimeError: a ``kv_cache`` is active but the stack is not causal (the cached steps
+                would need the new steps' keys).
+        """
+        start = kv_cache.offset()
         if not self.causal:
+            if kv_cache.active() is not None:
+                raise RuntimeError("a KV cache decodes causal stacks only")
             return None
         T = h.shape[-2]
-        return torch.ones(T, T, dtype=torch.bool, device=h.device).tril()  # (T, T)
+        return torch.ones(T, start + T, dtype=torch.bool, device=h.device).tril(start)
 
     def _final_norm(self, h: torch.Tensor) -> torch.Tensor:
         return h if self.norm is None else self.norm(h)

@@ -14,6 +14,7 @@ import torch
 from pyro.nn import PyroModule, PyroSample
 from torch import nn
 
+from probtransformer import kv_cache
 from probtransformer.layers import flatten_draws
 
 
@@ -71,7 +72,8 @@ class SinusoidalPositionalEncoding(nn.Module):
         self.register_buffer("pe", pe, persistent=False)  # (max_len + leading, d)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return h + self.pe[: h.shape[-2]]
+        start = kv_cache.offset()  # 0 unless decoding step by step
+        return h + self.pe[start : start + h.shape[-2]]
 
 
 #: The positional schemes of the built-in models (``EncoderConfig.positions``).
@@ -119,7 +121,8 @@ class LearnedPositionalEncoding(PyroModule):
             nn.init.normal_(self.table, std=LEARNED_INIT_STD)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        table = flatten_draws(self.table, 2)[:, : h.shape[-2]]  # (s, T, d)
+        start = kv_cache.offset()  # 0 unless decoding step by step
+        table = flatten_draws(self.table, 2)[:, start : start + h.shape[-2]]  # (s, T, d)
         return h + table.view(table.shape[0], *([1] * (h.dim() - 3)), *table.shape[1:])
 
 

@@ -119,22 +119,22 @@ def _samples(post, test, draws: dict) -> dict[str, Any]:
     options = dict(max_new_tokens=SAMPLE_TOKENS, strategy="greedy", seed=draws.get("seed", 0))
     if "num_samples" in draws:
         options["num_samples"] = draws["num_samples"]
-    samples = []
+    prompts = []
     for row in rows:
         ids = test.x[row, :SAMPLE_PROMPT_LEN]
-        if test.mask is not None:
-            ids = ids[test.mask[row, :SAMPLE_PROMPT_LEN]]
-        generation = generate(post, ids, **options)
-        samples.append(
-            dict(
-                test_row=row,
-                prompt=decode_text(ids, post.model.vocab),
-                continuation=generation.text,
-                mean_entropy=float(generation.entropy.mean()),
-                mean_aleatoric=float(generation.aleatoric.mean()),
-                mean_epistemic=float(generation.epistemic.mean()),
-            )
+        prompts.append(ids if test.mask is None else ids[test.mask[row, :SAMPLE_PROMPT_LEN]])
+    generations = generate(post, prompts, **options)  # one batch, ragged prompts allowed
+    samples = [
+        dict(
+            test_row=row,
+            prompt=decode_text(ids, post.model.vocab),
+            continuation=generation.text,
+            mean_entropy=float(generation.entropy.mean()),
+            mean_aleatoric=float(generation.aleatoric.mean()),
+            mean_epistemic=float(generation.epistemic.mean()),
         )
+        for row, ids, generation in zip(rows, prompts, generations, strict=True)
+    ]
     return dict(options, samples=samples)
 
 

@@ -1,0 +1,223 @@
+"""The key-value cache and the generation engine: cached steps equal full passes for every
+positional scheme and attention prior, the same tokens with and without the cache for guide,
+MCMC and ensemble posteriors, ragged prompt batches, Thompson decoding, and the window beyond
+``max_len``."""
+
+import pytest
+import torch
+
+from probtransformer import kv_cache, priors
+from probtransformer.datasets import SequenceData
+from probtransformer.inference import Posterior, fit_ensemble, fit_mc_dropout, fit_svi
+from probtransformer.inference._runtime import pyro_scope
+from probtransformer.models import CausalLM, Generation, generate
+from probtransformer.models.generate import _NextToken
+
+T, V = 10, 6  # max_len, vocabulary
+SIZES = dict(d_model=16, num_heads=2, num_layers=2, d_ff=16, dropout=0.0)
+SCHEMES = {
+    "sinusoidal": {},
+    "learned": {"positions": "learned"},
+    "rotary": {"positions": "rotary"},
+    "alibi": {
+        "positions": "none",
+        "attention_prior": (priors.LogitScalePrior(), priors.ALiBiSlopePrior(scale=1.0)),
+    },
+    "conv": {"conv_kernel": 3},
+    "guidance": {"attention_prior": priors.AttentionLogitPrior(priors.LocalWindow(3))},
+    "hard": {"hard_attention": True},
+    "latent-everything": {"bayesian": ("embedding", "attention", "ffn", "norm", "head")},
+}
+
+
+def _data(seed: int = 0, n: int = 16) -> SequenceData:
+    ids = torch.randint(0, V, (n, T + 1), generator=torch.Generator().manual_seed(seed))
+    return SequenceData(ids[:, :-1].contiguous(), ids[:, 1:].contiguous(), None)
+
+
+def _svi(num_steps: int = 5, **options):
+    model = CausalLM(V, T, **{**SIZES, **options})
+    return fit_svi(model, _data(), num_steps=num_steps, batch_size=16, lr=3e-2, progress=False)
+
+
+@pytest.fixture(scope="module")
+def svi():
+    return _svi(num_steps=30)
+
+
+def _steps(post, draws, history: torch.Tensor, extra: torch.Tensor, *, cache: bool):
+    """Next-token probabilities after the prompt ``history`` and after each of ``extra``'s
+    columns, ``(steps, S, B, V)``."""
+    decoder = _NextToken(post, draws, cache=cache)
+    out = []
+    with pyro_scope(), torch.no_grad(), decoder.held():
+        out.append(decoder.step(history, history.shape[1]))
+        for t in range(extra.shape[1]):
+            history = torch.cat([history, extra[:, t : t + 1]], 1)
+            out.append(decoder.step(history, 1))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_cached_steps_equal_full_passes(scheme):
+    post = _svi(**SCHEMES[scheme])
+    draws = post.draw(4, seed=1)
+    g = torch.Generator().manual_seed(2)
+    prompt, extra = (
+        torch.randint(0, V, (3, 4), generator=g),
+        torch.randint(0, V, (3, 6), generator=g),
+    )
+    full = _steps(post, draws, prompt, extra, cache=False)
+    cached = _steps(post, draws, prompt, extra, cache=True)
+    assert full.shape == (7, 4, 3, V)
+    torch.testing.assert_close(cached, full, atol=1e-5, rtol=1e-5)
+    # and the full passes are Posterior.predict's numbers for the same draws
+    history = torch.cat([prompt, extra], 1)
+    probs = post.predict(history, draws=draws).probs  # (S, B, T, V)
+    torch.testing.assert_close(full[-1], probs[:, :, -1], atol=1e-5, rtol=1e-5)
+
+
+def test_the_cache_counts_and_restarts():
+    cache = kv_cache.KVCache()
+    k = torch.zeros(1, 1, 2, 3, 4)
+    with pytest.raises(RuntimeError, match="advanced"):
+        cache.keys_values("m", k, k)
+        cache.keys_values("m", k, k)  # the same module twice in one pass
+    cache.reset()
+    assert cache.offset == 0 and kv_cache.offset() == 0
+    with kv_cache.decoding(cache):
+        cache.keys_values("m", k, k)
+        cache.advance(3)
+        assert kv_cache.offset() == 3 and kv_cache.active() is cache
+        keys, _ = cache.keys_values("m", k[..., :1, :], k[..., :1, :])
+        assert keys.shape == (1, 1, 2, 4, 4)
+    assert kv_cache.active() is None
+
+
+def _ensemble():
+    model = CausalLM(V, T, **SIZES)
+    return fit_ensemble(
+        model, _data(), n_members=2, num_steps=5, batch_size=16, lr=3e-2, progress=False
+    )
+
+
+def _mcmc_like(post: Posterior) -> Posterior:
+    """A sample-based posterior: 2 chains of 3 kept draws (guide draws stand in for MCMC's)."""
+    samples = {k: v.reshape(2, 3, *v.shape[2:]) for k, v in post.draws(6, seed=3).items()}
+    return Posterior(post.model, samples=samples, record={}, example=post.example)
+
+
+@pytest.mark.parametrize("kind", ["guide", "mcmc", "ensemble"])
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(),
+        dict(strategy="sample", seed=4),
+        dict(strategy="sample", bayes_average=False, top_p=0.9, seed=5),
+    ],
+)
+def test_same_tokens_with_and_without_the_cache(svi, kind, options):
+    post = {"guide": lambda: svi, "mcmc": lambda: _mcmc_like(svi), "ensemble": _ensemble}[kind]()
+    prompts = [[1, 2, 3], [4], [5, 0, 1, 2]]  # ragged; prompt + output <= max_len
+    kwargs = dict(max_new_tokens=5, num_samples=6, **options)
+    cached = generate(post, prompts, cache=True, **kwargs)
+    full = generate(post, prompts, cache=False, **kwargs)
+    assert [len(g) for g in cached] == [5, 5, 5]
+    for a, b in zip(cached, full, strict=True):
+        assert a.token_ids.tolist() == b.token_ids.tolist()
+        torch.testing.assert_close(a.entropy, b.entropy, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(a.epistemic, b.epistemic, atol=1e-5, rtol=1e-5)
+
+
+def test_a_ragged_batch_equals_its_prompts_one_by_one(svi):
+    prompts = [[1, 2, 3], [4], [5, 0, 1, 2, 3, 4]]
+    batch = generate(svi, prompts, max_new_tokens=6, num_samples=5)
+    assert isinstance(batch, list) and all(isinstance(g, Generation) for g in batch)
+    for prompt, gen in zip(prompts, batch, strict=True):
+        alone = generate(svi, prompt, max_new_tokens=6, num_samples=5)
+        assert gen.token_ids.tolist() == alone.token_ids.tolist()
+        torch.testing.assert_close(gen.entropy, alone.entropy, atol=1e-5, rtol=1e-5)
+    # a 2-D tensor is a batch of equal-length prompts
+    rows = generate(svi, torch.tensor([[1, 2], [3, 4]]), max_new_tokens=3, num_samples=5)
+    assert len(rows) == 2 and rows[0].prompt is None
+
+
+def _spread(post: Posterior, num: int = 8) -> Posterior:
+    """A sample-based posterior of ``num`` clearly different draws (guide draws plus noise)."""
+    g = torch.Generator().manual_seed(8)
+    samples = {k: v + torch.randn(v.shape, generator=g) for k, v in post.draws(num, seed=8).items()}
+    return Posterior(post.model, samples=samples, record={}, example=post.example)
+
+
+def test_thompson_decoding_follows_one_draw_per_sequence(svi):
+    post = _spread(svi)
+    prompts = [[1, 2]] * 6
+    kwargs = dict(max_new_tokens=4, bayes_average=False, num_samples=8, seed=7)
+    gens = generate(post, prompts, **kwargs)
+    again = generate(post, prompts, **kwargs)
+    assert [g.token_ids.tolist() for g in gens] == [g.token_ids.tolist() for g in again]
+    # each sequence is the greedy decoding of one posterior draw
+    singles = {
+        tuple(generate(_one(post, s), [1, 2], max_new_tokens=4, num_samples=1).token_ids.tolist())
+        for s in range(8)
+    }
+    assert all(tuple(g.token_ids.tolist()) in singles for g in gens)
+    assert len({tuple(g.token_ids.tolist()) for g in gens}) > 1  # not all the same draw
+    # the uncertainty is the whole posterior's, not the followed draw's
+    average = generate(post, [1, 2], max_new_tokens=1, num_samples=8)
+    torch.testing.assert_close(gens[0].entropy[:1], average.entropy)
+
+
+def _one(post: Posterior, s: int) -> Posterior:
+    samples = {k: v[:, s : s + 1] for k, v in post.samples.items()}
+    return Posterior(post.model, samples=samples, record={}, example=post.example)
+
+
+def test_beyond_max_len_the_window_is_reencoded(svi):
+    prompt = [1, 2, 3, 4]
+    cached = generate(svi, prompt, max_new_tokens=3 * T, num_samples=4, cache=True)
+    full = generate(svi, prompt, max_new_tokens=3 * T, num_samples=4, cache=False)
+    assert len(cached) == len(full) == 3 * T
+    within = T - len(prompt) + 1  # steps whose context fits max_len: the same tokens
+    assert cached.token_ids[:within].tolist() == full.token_ids[:within].tolist()
+    assert cached.token_ids.max() < V and torch.isfinite(cached.entropy).all()
+    # a prompt longer than max_len: both read its last max_len tokens at the first step
+    long = list(range(V)) * 3
+    a = generate(svi, long, max_new_tokens=1, num_samples=4, cache=True)
+    b = generate(svi, long, max_new_tokens=1, num_samples=4, cache=False)
+    assert a.token_ids.tolist() == b.token_ids.tolist()
+
+
+def test_stochastic_attention_decodes_without_the_cache():
+    post = _svi(attention_prior=priors.StochasticAttentionPrior(), num_steps=2)
+    gen = generate(post, [1, 2], max_new_tokens=3, num_samples=3)  # cache=None: not used
+    assert (
+        gen.token_ids.tolist()
+        == generate(post, [1, 2], max_new_tokens=3, num_samples=3, cache=False).token_ids.tolist()
+    )
+    with pytest.raises(ValueError, match="stochastic attention"):
+        generate(post, [1, 2], max_new_tokens=3, cache=True)
+
+
+def test_mc_dropout_decodes_with_a_cache_per_draw():
+    model = CausalLM(V, T, **{**SIZES, "dropout": 0.2})
+    post = fit_mc_dropout(model, _data(), num_steps=3, batch_size=16, progress=False)
+    a = generate(post, [[1, 2], [3]], max_new_tokens=4, num_samples=3, seed=1)
+    b = generate(post, [[1, 2], [3]], max_new_tokens=4, num_samples=3, seed=1)
+    assert [g.token_ids.tolist() for g in a] == [g.token_ids.tolist() for g in b]
+    assert all(bool((g.epistemic >= 0).all()) for g in a)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(cache="yes"), TypeError, "cache"),
+        (dict(prompt=[]), ValueError, "prompt"),
+        (dict(prompt=[[1, 2], []]), ValueError, "prompt"),
+        (dict(prompt=[[1, 2], [V]]), ValueError, "token ids"),
+    ],
+)
+def test_bad_arguments_raise(svi, kwargs, error, match):
+    kwargs = {"prompt": [1, 2], "max_new_tokens": 2, **kwargs}
+    with pytest.raises(error, match=match):
+        generate(svi, kwargs.pop("prompt"), **kwargs)

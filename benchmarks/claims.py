@@ -18,7 +18,9 @@ characters). The metric functions are ``benchmarks.studies.task_families``'.
 
 Variants of each task: ``base`` (d_model 32, 8 heads so d_head 4, 2 layers, d_ff 128, soft
 attention, pre-norm LayerNorm, dropout 0), ``hard`` (``hard_attention=True``), ``heads1``
-(``num_heads=1``), ``noffn`` (``d_ff=0``), ``noln`` (``layer_norm=False``) and ``lstm``
+(``num_heads=1``), ``noffn`` (``d_ff=0``), ``noln`` (``layer_norm=False``), ``noattn`` (text
+tasks only: every attention head switched off, so the model learns with its convolutions and
+feed-forward layers alone) and ``lstm``
 (``benchmarks/_lstm.py``: the same embedding, head and likelihood around a deterministic
 2-layer ``nn.LSTM``, bidirectional for digits and wordseg, unidirectional for the causal LM;
 its hidden size is the one whose parameter count, deterministic plus latent scalars, is
@@ -101,8 +103,12 @@ VARIANTS = {
     "heads1": {"num_heads": 1},
     "noffn": {"d_ff": 0},
     "noln": {"layer_norm": False},
+    "noattn": {"attention": False},
     "lstm": None,
 }
+#: Variants run on some tasks only: attention ablated, to show what attention adds to the text
+#: recipe's convolutions and feed-forward layers.
+VARIANT_TASKS = {"noattn": ("wordseg", "lm")}
 LSTM_LAYERS = 2
 LR = 1e-2
 PILOT_STEPS = 10
@@ -193,7 +199,13 @@ def task_of(key: str, ctx: Context) -> tuple[str, str, int, Task]:
 def row_keys(ctx: Context) -> list[str]:
     """``task/variant/seed`` for every task, variant and seed (quick: seed 0)."""
     variants, seeds = (QUICK_VARIANTS, SEEDS[:1]) if ctx.quick else (tuple(VARIANTS), SEEDS)
-    return [f"{t}/{v}/{s}" for t in TASKS for v in variants for s in seeds]
+    return [
+        f"{t}/{v}/{s}"
+        for t in TASKS
+        for v in variants
+        if t in VARIANT_TASKS.get(v, TASKS)
+        for s in seeds
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -212,9 +224,19 @@ def load_data(task: Task, seed: int) -> tuple[SequenceData, SequenceData, dict]:
     return train, test, splits.meta
 
 
-def transformer(name: str, meta: dict, **options) -> torch.nn.Module:
-    """The task's Transformer with ``BASE`` sizes updated by ``options``."""
-    sizes = {**BASE, **options}
+def transformer(name: str, meta: dict, *, attention: bool = True, **options) -> torch.nn.Module:
+    """The task's Transformer with ``BASE`` sizes updated by ``options``; ``attention=False``
+    switches every head off (``head_active``), leaving each attention sublayer its output bias:
+    the model learns without attention."""
+    model = _transformer(name, meta, **{**BASE, **options})
+    if not attention:
+        for modules in model.attention_modules.values():
+            for module in modules:
+                module.head_active.zero_()
+    return model
+
+
+def _transformer(name: str, meta: dict, **sizes) -> torch.nn.Module:
     if name == "digits":
         return SequenceClassifier(
             meta["in_features"], meta["num_classes"], meta["max_len"], **sizes

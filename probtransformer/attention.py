@@ -289,6 +289,11 @@ class BayesMultiheadAttention(PyroModule):
         heads = self.head_active.nonzero().flatten()  # (H',)
         nh = len(heads)
         proj = flatten_draws(self.projection, 3)  # (s, 4, d, d + 1)
+        if nh == 0:  # every head switched off: the sublayer adds its output bias alone
+            S, N, Tq = proj.shape[0], query.shape[-3], query.shape[-2]
+            Tk = Tq if key_value is None else key_value.shape[-2]
+            self.attention_weights = query.new_zeros(S, N, self.num_heads, Tq, Tk)
+            return proj[:, 3, :, d].view(S, 1, 1, d).expand(S, N, Tq, d)
         if nh < self.num_heads:  # pruned heads: drop their Q/K/V rows and O columns
             rows = (heads[:, None] * hs + torch.arange(hs, device=heads.device)).flatten()
             qkv = proj[:, :3].index_select(2, rows)  # (s, 3, d', d + 1)

@@ -56,6 +56,18 @@ def test_no_feed_forward_block_is_the_attention_sublayer_alone():
     torch.testing.assert_close(block(h), expected)
 
 
+def test_attention_with_every_head_off_adds_its_output_bias_only():
+    """The ``noattn`` ablation of benchmarks/claims.py: ``head_active`` all False."""
+    attention = _attention(False)
+    attention.head_active.zero_()
+    h = torch.randn(2, 3, 5, 8)
+    out = attention(h)
+    bias = attention.projection[3, :, 8]
+    torch.testing.assert_close(out, bias.expand(1, 3, 5, 8))
+    assert attention.attention_weights.shape == (1, 3, 2, 5, 5)
+    assert not attention.attention_weights.any()
+
+
 @pytest.mark.parametrize("model_cls", [SequenceClassifier, TokenTagger, CausalLM])
 def test_ablated_models_record_their_config_and_rebuild_from_it(model_cls):
     args = {

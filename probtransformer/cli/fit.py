@@ -51,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
     check_out(target)
     if args.inference == "mcmc":
         args = _with_mcmc_preset(args)
+    else:
+        args = _with_preset(args, task.fit_preset)
 
     import torch
 
@@ -196,6 +198,15 @@ def _with_mcmc_preset(args: argparse.Namespace) -> argparse.Namespace:
     own_starts = args.num_chains is not None or args.init is not None
     for dest, value in mcmc_preset(args.kernel or mcmc_preset()["kernel"]).items():
         if getattr(args, dest) is None and not (dest == "num_starts" and own_starts):
+            setattr(args, dest, value)
+    return args
+
+
+def _with_preset(args: argparse.Namespace, preset: dict[str, Any]) -> argparse.Namespace:
+    """``args`` with the options left unset taken from the task's ``fit_preset``."""
+    args = argparse.Namespace(**vars(args))
+    for dest, value in preset.items():
+        if getattr(args, dest) is None:
             setattr(args, dest, value)
     return args
 

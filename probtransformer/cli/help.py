@@ -31,10 +31,10 @@ class LibraryDefaultsFormatter(argparse.HelpFormatter):
 
     The defaults are read from the signatures of the library functions named in ``sources``
     (keys of ``options.library_functions``; the first that has the parameter) when help is
-    printed, so they are always the ones a run uses. With ``mcmc=True`` the ``mcmc_preset``
-    values are shown too: as the default of MCMC-only options (the default kernel's, then
-    ``nuts, hmc: ...`` for kernels whose preset differs), as ``mcmc: ...`` next to the default
-    of others.
+    printed, so they are always the ones a run uses. With ``mcmc=True`` (``fit``'s help) the
+    ``mcmc_preset`` values are shown too: as the default of MCMC-only options (the default
+    kernel's, then ``nuts, hmc: ...`` for kernels whose preset differs), as ``mcmc: ...`` next
+    to the default of others; and the tasks' ``fit_preset`` values, as ``tagging: ...``.
     """
 
     def __init__(self, prog: str, *, sources: Sequence[str], mcmc: bool = False) -> None:
@@ -88,8 +88,22 @@ class LibraryDefaultsFormatter(argparse.HelpFormatter):
             preset = mcmc_preset() if self._mcmc else {}
             default = self._library_default(action.dest)
             parts = [] if default is None else [f"default: {default}"]
+            if self._mcmc:  # fit's help: the task presets of SVI and the MAP-based fits
+                parts += _task_presets(action.dest)
             if action.dest in preset:
                 parts.append(f"mcmc: {_help_value(preset[action.dest])}")
             elif self._mcmc and action.dest in UNSET_MCMC_HELP:
                 parts.append(f"mcmc: {UNSET_MCMC_HELP[action.dest]}")
         return f"{text} ({'; '.join(parts)})" if parts else text
+
+
+def _task_presets(dest: str) -> list[str]:
+    """``["tagging: v", "language-modeling: w"]``: what tasks with a ``fit_preset`` for
+    ``dest`` take when it is unset (tasks with the same value share one entry)."""
+    from probtransformer.tasks import TASKS
+
+    groups: dict[str, list[str]] = {}
+    for task in TASKS.values():
+        if dest in task.fit_preset:
+            groups.setdefault(_help_value(task.fit_preset[dest]), []).append(task.name)
+    return [f"{', '.join(names)}: {value}" for value, names in groups.items()]

@@ -86,6 +86,8 @@ class Task(abc.ABC):
         printed_metrics: ``(metrics.json key, unit)`` printed by ``fit``.
         names_model: ``fit``'s summary line names the model class.
         inference_data_rows: training and test rows ``inference_data.nc`` covers (None: all).
+        fit_preset: ``fit`` settings (``fit_svi`` names) the task's SVI and MAP-based fits use
+            where the command line leaves them unset (``{}``: the library defaults).
     """
 
     name: ClassVar[str]
@@ -97,6 +99,7 @@ class Task(abc.ABC):
     printed_metrics: ClassVar[tuple[tuple[str, str], ...]] = ()
     names_model: ClassVar[bool] = True
     inference_data_rows: ClassVar[int | None] = None
+    fit_preset: ClassVar[dict[str, Any]] = {}
 
     @abc.abstractmethod
     def model_classes(self) -> tuple[type, ...]:

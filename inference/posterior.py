@@ -11,6 +11,7 @@ from probtransformer.datasets import SequenceData
 from probtransformer.inference._pyro_compat import site_is_subsample
 from probtransformer.inference._runtime import seeded
 from probtransformer.inference.arviz import to_inference_data
+from probtransformer.inference.decoding import NextTokenDecoder
 from probtransformer.inference.diagnostics import diagnose
 from probtransformer.inference.draws import (
     DEFAULT_NUM_SAMPLES,
@@ -174,6 +175,25 @@ class Posterior:
             ValueError: ``num_samples < 1``.
         """
         return self.draw(num_samples, seed=seed).latents
+
+    def decoder(
+        self, num_samples: int | None = 100, *, seed: int = 0, cache: bool | None = None
+    ) -> NextTokenDecoder:
+        """A step-by-step decoder of a causal model over ``draw(num_samples, seed=seed)``
+        (kept local latents left out: they belong to the training rows); see
+        ``inference.decoding.NextTokenDecoder`` and ``models.generate``.
+
+        Raises:
+            TypeError: the model has no ``logits`` method (it is not a token model).
+            ValueError: ``num_samples < 1``; ``cache=True`` with stochastic attention.
+        """
+        if not callable(getattr(self.model, "logits", None)):
+            raise TypeError(
+                f"decoding needs a token model with a logits method (CausalLM), got "
+                f"{type(self.model).__name__}"
+            )
+        draws = self.draw(num_samples, seed=seed).without(set(self.local_shapes))
+        return NextTokenDecoder(self.model, draws, device=self.device, seed=seed, cache=cache)
 
     def sample_stats(self, num_samples: int | None = None) -> dict[str, torch.Tensor]:
         """Per-draw sampler statistics ``{name: (chain, draw)}`` of an MCMC posterior, thinned

@@ -9,29 +9,15 @@ cache (``probtransformer.kv_cache``) a pass computes only the new step of each s
 
 from __future__ import annotations
 
-import contextlib
 import math
 import numbers
 import warnings
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-import pyro
 import torch
-from pyro import poutine
-from torch.nn.utils.stateless import _reparametrize_module
 
-from probtransformer import kv_cache
-from probtransformer.attention import BayesMultiheadAttention
-from probtransformer.inference._runtime import pyro_scope, seeded
-from probtransformer.inference.draws import Draws
-from probtransformer.inference.engine import (
-    _dropout_active,
-    _flatten_chains,
-)
-from probtransformer.inference.model_checks import DRAWS_DIM, DRAWS_PLATE
 from probtransformer.models.token import CausalLM
 
 STRATEGIES = ("greedy", "sample")
@@ -191,111 +177,6 @@ def _prompts(model: CausalLM, prompt) -> tuple[list, list[torch.Tensor], list[in
     return items, [ids for ids, _ in parsed], [unknown for _, unknown in parsed], batched
 
 
-class _NextToken:
-    """Next-token probabilities of every posterior draw for sequences decoded in lockstep.
-
-    ``step(history, new)`` takes the ``(B, L)`` tokens so far, ``new`` of them not yet seen,
-    and returns ``(S, B, V)``: each draw's distribution of the token after each sequence.
-    Without a cache each call re-encodes the last ``max_len`` tokens. With it, only the new
-    tokens are encoded; when the window would outgrow ``max_len`` the cache restarts from the
-    last ``max_len // 2`` tokens (or the last ``max_len`` new ones).
-
-    Draws that run vectorized share one pass and one cache; ensemble members and MC-dropout
-    draws run one pass each, with their own cache. Use it inside ``held()``: the model's latent
-    values, conditioned on the draws, are then computed once per pass and reused at every step
-    (``PyroModule`` caches a sample site's value while its context is open) instead of being
-    looked up through Pyro's sample statements at every step.
-    """
-
-    def __init__(self, posterior, draws: Draws, *, cache: bool) -> None:
-        model = posterior.model
-        self.model, self.device = model, posterior.device
-        flat = _flatten_chains(draws.latents)
-        states = None if draws.states is None else _flatten_chains(draws.states)
-        size = 1 if draws.dropout or states is not None else draws.num
-        # plain tensors in place of the model's parameters (each member's for an ensemble), as
-        # torch.func.functional_call swaps them in: PyroModule issues a pyro.param statement at
-        # every access of an nn.Parameter, none for a tensor; the model itself is not changed
-        shared = {name: p.detach() for name, p in model.named_parameters()}
-        self.passes = [
-            _Pass(
-                first=s,
-                num=min(size, draws.num - s),
-                condition={
-                    k: v[s : s + size].reshape(-1, 1, *v.shape[1:]) for k, v in flat.items()
-                },
-                cache=kv_cache.KVCache() if cache else None,
-                parameters=shared
-                if states is None
-                else shared | {k: v[s] for k, v in states.items()},
-            )
-            for s in range(0, draws.num, size)
-        ]
-        self._swapped = False
-
-    @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
-        """Keep the model's sample-value cache open (one per pass) for the block, and with a
-        single pass its parameters swapped for tensors (several passes swap at each step)."""
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(self.model._pyro_context)
-            if len(self.passes) == 1:
-                stack.enter_context(_reparametrize_module(self.model, self.passes[0].parameters))
-                self._swapped = True
-            try:
-                yield
-            finally:
-                self._swapped = False
-
-    def step(self, history: torch.Tensor, new: int) -> torch.Tensor:
-        max_len, length = self.model.max_len, history.shape[1]
-        context = self.model._pyro_context
-        probs = []
-        for p in self.passes:
-            cache = p.cache
-            if cache is None:
-                feed = history[:, -max_len:]
-            elif cache.offset + new <= max_len:
-                feed = history[:, length - new :]
-            else:  # the window is full: encode the recent tokens afresh
-                cache.reset()
-                feed = history[:, -min(length, max(max_len // 2, min(new, max_len))) :]
-            context.cache = p.values  # this pass's latent values (filled at its first step)
-            with (
-                kv_cache.decoding(cache),
-                poutine.condition(data=p.condition),
-                pyro.plate(DRAWS_PLATE, p.num, dim=DRAWS_DIM),
-                contextlib.nullcontext()
-                if self._swapped
-                else _reparametrize_module(self.model, p.parameters),
-            ):
-                logits = self.model.logits(feed)[:, :, -1]  # (s', B, V)
-            if cache is not None:
-                cache.advance(feed.shape[1])
-            probs.append(torch.softmax(logits, -1).expand(p.num, *logits.shape[1:]))
-        return torch.cat(probs).cpu()
-
-
-@dataclass
-class _Pass:
-    """One forward pass of a decoding step: draws ``first`` to ``first + num`` of the flat
-    draws, their conditioned latents, their KV cache, the model parameters they run with, and
-    their latent values once computed."""
-
-    first: int
-    num: int
-    condition: dict[str, torch.Tensor]
-    cache: kv_cache.KVCache | None
-    parameters: dict[str, torch.Tensor]
-    values: dict[str, torch.Tensor] = field(default_factory=dict)
-
-
-def _decodes_with_cache(model: CausalLM) -> bool:
-    """False when a self-attention module samples per-sequence logits (stochastic attention),
-    which the cache cannot extend step by step."""
-    return not any(m.stochastic for m in model.modules() if isinstance(m, BayesMultiheadAttention))
-
-
 def generate(
     posterior,
     prompt,
@@ -371,13 +252,6 @@ def generate(
             f"generate needs the Posterior of a CausalLM, got one of {type(model).__name__}"
         )
     _check_options(max_new_tokens, strategy, temperature, top_k, top_p, seed)
-    if cache not in (None, True, False):
-        raise TypeError(f"cache must be None, True or False, got {cache!r}")
-    if cache and not _decodes_with_cache(model):
-        raise ValueError(
-            "cache=True, but this model's stochastic attention samples a logit event per "
-            "sequence that a KV cache cannot extend: use cache=None or False"
-        )
     items, prompts, unknown, batched = _prompts(model, prompt)
     if sum(unknown):
         warnings.warn(
@@ -385,25 +259,16 @@ def generate(
             "<unk>",
             stacklevel=2,
         )
-    device = posterior.device
-    draws = posterior.draw(num_samples, seed=seed)
-    draws = draws.without(set(posterior.local_shapes))  # kept local latents: training rows
-    decoder = _NextToken(posterior, draws, cache=_decodes_with_cache(model) and cache is not False)
+    decoder = posterior.decoder(num_samples, seed=seed, cache=cache)
     generator = torch.Generator().manual_seed(int(seed))
     B, shortest = len(prompts), min(len(p) for p in prompts)
-    choice = None if bayes_average else torch.randint(draws.num, (B,), generator=generator)
+    choice = None if bayes_average else torch.randint(decoder.num, (B,), generator=generator)
     forced = [p[shortest:].tolist() for p in prompts]  # prompt tokens past the shortest
     new: list[list[int]] = [[] for _ in range(B)]
     stats: list[list[torch.Tensor]] = [[] for _ in range(B)]
-    history = torch.stack([p[:shortest] for p in prompts]).to(device)  # (B, L)
+    history = torch.stack([p[:shortest] for p in prompts]).to(decoder.device)  # (B, L)
     fresh = shortest
-    with (
-        pyro_scope(),
-        torch.inference_mode(),
-        seeded(seed, device),
-        _dropout_active(model, draws.dropout),
-        decoder.held(),
-    ):
+    with decoder.held():
         while True:
             probs = decoder.step(history, fresh)  # (S, B, V)
             mean = probs.mean(0)  # (B, V)
@@ -429,7 +294,7 @@ def generate(
                 tokens.append(token)
             if all(len(n) == max_new_tokens for n in new):
                 break
-            history = torch.cat([history, torch.tensor(tokens, device=device)[:, None]], 1)
+            history = torch.cat([history, history.new_tensor(tokens)[:, None]], 1)
             fresh = 1
     out = [
         _generation(model, p, ids, torch.stack(s), u)

@@ -9,9 +9,8 @@ import torch
 from probtransformer import kv_cache, priors
 from probtransformer.datasets import SequenceData
 from probtransformer.inference import Posterior, fit_ensemble, fit_mc_dropout, fit_svi
-from probtransformer.inference._runtime import pyro_scope
+from probtransformer.inference.decoding import NextTokenDecoder
 from probtransformer.models import CausalLM, Generation, generate
-from probtransformer.models.generate import _NextToken
 
 T, V = 10, 6  # max_len, vocabulary
 SIZES = dict(d_model=16, num_heads=2, num_layers=2, d_ff=16, dropout=0.0)
@@ -48,9 +47,9 @@ def svi():
 def _steps(post, draws, history: torch.Tensor, extra: torch.Tensor, *, cache: bool):
     """Next-token probabilities after the prompt ``history`` and after each of ``extra``'s
     columns, ``(steps, S, B, V)``."""
-    decoder = _NextToken(post, draws, cache=cache)
+    decoder = NextTokenDecoder(post.model, draws, device=post.device, seed=0, cache=cache)
     out = []
-    with pyro_scope(), torch.no_grad(), decoder.held():
+    with decoder.held():
         out.append(decoder.step(history, history.shape[1]))
         for t in range(extra.shape[1]):
             history = torch.cat([history, extra[:, t : t + 1]], 1)

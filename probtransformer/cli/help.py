@@ -98,12 +98,20 @@ class LibraryDefaultsFormatter(argparse.HelpFormatter):
 
 
 def _task_presets(dest: str) -> list[str]:
-    """``["tagging: v", "language-modeling: w"]``: what tasks with a ``fit_preset`` for
-    ``dest`` take when it is unset (tasks with the same value share one entry)."""
+    """``["tagging: v", "language-modeling: w"]``: what tasks take for ``dest`` when it is
+    unset, where that differs from the default shown: a task's ``fit_preset``, or its model's
+    own default of a model option (tasks with the same value share one entry)."""
     from probtransformer.tasks import TASKS
 
+    shared = inspect.signature(library_functions()["model"]).parameters.get(dest)
     groups: dict[str, list[str]] = {}
     for task in TASKS.values():
         if dest in task.fit_preset:
-            groups.setdefault(_help_value(task.fit_preset[dest]), []).append(task.name)
+            value = task.fit_preset[dest]
+        else:
+            own = inspect.signature(task.model_classes()[0].__init__).parameters.get(dest)
+            if shared is None or own is None or own.default == shared.default:
+                continue
+            value = own.default
+        groups.setdefault(_help_value(value), []).append(task.name)
     return [f"{', '.join(names)}: {value}" for value, names in groups.items()]

@@ -135,7 +135,7 @@ def library_functions() -> dict[str, Callable[..., Any]]:
     from probtransformer.models import SequenceClassifier, generate
 
     return {
-        "model": SequenceClassifier.__init__,  # every task's model has the same defaults
+        "model": SequenceClassifier.__init__,  # text models differ: help shows their own too
         "fit": fit_svi,
         "mcmc": fit_mcmc,
         "ensemble": fit_ensemble,

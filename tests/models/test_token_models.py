@@ -441,7 +441,8 @@ def test_token_embedding_point_estimate_is_a_parameter():
 def test_bayesian_embedding_predictions_vary_across_draws(tag_train, tag_test):
     model = TokenTagger(None, C, T, vocab_size=V, bayesian="embedding", **SIZES)
     post = _fit(model, tag_train, num_steps=5, init_scale=0.1)
-    assert set(post.latent_shapes) == {"embedding.projection.weight"}
+    slopes = {f"encoder.layers.{i}.attention.alibi_slope" for i in range(SIZES["num_layers"])}
+    assert set(post.latent_shapes) == {"embedding.projection.weight", *slopes}
     assert post.latent_shapes["embedding.projection.weight"] == (V, 16)
     pred = post.predict(tag_test.x[:10], tag_test.mask[:10], num_samples=S, seed=0)
     assert pred.probs.std(0).max() > 1e-3

@@ -36,6 +36,7 @@ from probtransformer.inference._arviz import az
 from probtransformer.inference.pyro_kernels import RecordingNUTS
 from probtransformer.inference.samplers import CHEES_TARGET_ACCEPT
 from probtransformer.models import SequenceClassifier
+from probtransformer.tasks.tagging import TaggingTask
 
 TINY = [
     "--num-steps", "30", "--d-model", "16", "--num-heads", "2", "--num-layers", "1",
@@ -176,11 +177,16 @@ def test_fit_help_shows_the_library_defaults(capsys):
     fit = inspect.signature(fit_svi).parameters
     mcmc = inspect.signature(fit_mcmc).parameters
     preset, nuts = mcmc_preset(), mcmc_preset("nuts")
-    for option, default in (
-        ("--num-steps N optimisation steps", fit["num_steps"].default),
-        ("--lr LR initial Adam learning rate", fit["lr"].default),
+    for option, default, task in (
+        ("--num-steps N optimisation steps", fit["num_steps"].default, TaggingTask),
+        ("--lr LR initial Adam learning rate", fit["lr"].default, TaggingTask),
     ):
-        assert f"{option} (default: {default})" in text
+        key = option.split()[0][2:].replace("-", "_")
+        assert f"{option} (default: {default}; tagging" in text
+        shown = task.fit_preset[key]
+        assert f"tagging: {shown}" in text or f"tagging, language-modeling: {shown}" in text
+    # the text models' own defaults of model options
+    assert "dropout probability (default: 0.1; tagging, language-modeling: 0.0; mcmc: 0.0)" in text
     # MCMC-only options: the preset kernel's value first, then kernels whose preset differs
     assert CHEES_TARGET_ACCEPT == 0.651 and mcmc["map_steps"].default == 1000
     for option, shown in (

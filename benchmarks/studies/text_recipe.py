@@ -141,11 +141,11 @@ def run_row(key: str, data_seed: int = 0) -> dict:
 
 
 def table(rows: dict[str, dict]) -> str:
-    """Markdown: one line per task and recipe, validation metrics as mean over seeds."""
+    """Markdown: one line per task and recipe (one seed each), validation metrics."""
     lines = [
-        "| task | recipe | seeds | boundary F1 | token accuracy | NLL | perplexity | parameters "
+        "| task | round | recipe | boundary F1 | token accuracy | NLL | perplexity | parameters "
         "| fit s |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     groups: dict[tuple[str, str], list[dict]] = {}
     for row in rows.values():
@@ -155,11 +155,14 @@ def table(rows: dict[str, dict]) -> str:
         values = [r[key] for r in group if key in r]
         return f"{sum(values) / len(values):.3f}" if values else ""
 
-    for (task, recipe), group in sorted(groups.items()):
+    order = list(RECIPES)
+    for (task, recipe), group in sorted(
+        groups.items(), key=lambda i: (i[0][0], order.index(i[0][1]))
+    ):
         cells = [mean(group, k) for k in ("boundary_f1", "token_accuracy", "nll", "perplexity")]
         lines.append(
-            f"| {task} | {recipe} | {len(group)} | {' | '.join(cells)} | "
-            f"{group[0]['parameters']:,} | {mean(group, 'fit_seconds')} |"
+            f"| {task} | {1 if recipe in ROUND1 else 2} | {recipe} | {' | '.join(cells)} | "
+            f"{group[0]['parameters']:,} | {mean(group, 'fit_seconds')[:-2]} |"
         )
     return "\n".join(lines)
 

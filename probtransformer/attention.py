@@ -15,7 +15,7 @@ from pyro.nn import PyroModule, PyroSample
 from torch import nn
 
 from probtransformer import kv_cache, priors
-from probtransformer.layers import align_draws, batched_linear, flatten_draws
+from probtransformer.layers import Dropout, align_draws, batched_linear, flatten_draws
 from probtransformer.positional import rotary_angles, rotate
 
 _DATA_PLATE: contextvars.ContextVar = contextvars.ContextVar("data_plate", default=None)
@@ -225,7 +225,7 @@ class BayesMultiheadAttention(PyroModule):
         self.head_prior = head_prior
         self.max_len = max_len
         self.hard = hard
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.register_buffer("device_anchor", torch.zeros(()), persistent=False)
         self.register_buffer("head_active", torch.ones(num_heads, dtype=torch.bool))
         if bayesian:

@@ -9,7 +9,7 @@ from torch import nn
 
 from probtransformer import kv_cache, priors
 from probtransformer.attention import BayesMultiheadAttention
-from probtransformer.layers import BayesLayerNorm, BayesLinear
+from probtransformer.layers import BayesLayerNorm, BayesLinear, Dropout
 
 #: Parts of a Transformer that can be made latent (``bayesian=`` of the models).
 BAYESIAN_PARTS = ("embedding", "attention", "ffn", "norm", "head")
@@ -39,13 +39,13 @@ class FeedForward(PyroModule):
         super().__init__()
         self.linear1 = BayesLinear(d_model, d_ff, bayesian=bayesian, prior=prior)
         self.linear2 = BayesLinear(d_ff, d_model, bayesian=bayesian, prior=prior)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return self.linear2(self.dropout(F.gelu(self.linear1(h))))
 
 
-class ConvMixing(nn.Module):
+class ConvMixing(PyroModule):
     """Depthwise convolution over steps: feature ``c`` at step ``t`` becomes
     ``sum_j w[c, j] h[t + j - shift, c] + b[c]``, mixing each feature over a window of
     ``kernel`` neighbouring steps (the local token mixing of ConvBERT, Jiang et al. 2020, and of
@@ -167,7 +167,7 @@ class TransformerBlock(PyroModule):
         )
         self.norm1 = self._norm(d_model)
         self.norm2 = self._norm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.conv = ConvMixing(d_model, conv_kernel, causal=causal) if conv_kernel else None
         self.norm0 = self._norm(d_model) if conv_kernel else None
 

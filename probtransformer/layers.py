@@ -23,6 +23,11 @@ from torch import nn
 
 from probtransformer import priors
 
+#: ``torch.nn.Dropout`` as a PyroModule. Inside a PyroModule, a plain ``nn.Module`` is
+#: registered by a ``pyro.module`` statement at every attribute access; over the ten dropout
+#: accesses of a decoding step that cost more than the dropout itself.
+Dropout = PyroModule[nn.Dropout]
+
 
 def flatten_draws(value: torch.Tensor, event_rank: int) -> torch.Tensor:
     """Collapse every dim before the last ``event_rank`` into one leading draw dim.

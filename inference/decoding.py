@@ -82,7 +82,7 @@ class NextTokenDecoder:
         seed: int,
         cache: bool | None = None,
     ) -> None:
-        if cache not in (None, True, False):
+        if cache is not None and not isinstance(cache, bool):
             raise TypeError(f"cache must be None, True or False, got {cache!r}")
         stochastic = has_local_latents(model)
         if cache and stochastic:

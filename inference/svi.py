@@ -134,13 +134,18 @@ def warm_start(model: torch.nn.Module, init_from: Posterior, device) -> dict[str
             f"{type(init_from).__name__}"
         )
     source = init_from.model
-    if type(source) is not type(model) or getattr(source, "config", None) != getattr(
-        model, "config", None
-    ):
+    if type(source) is not type(model):
         raise ValueError(
-            f"init_from is a posterior of {type(source).__name__}"
-            f"({getattr(source, 'config', '?')}); this fit's model is {type(model).__name__}"
-            f"({getattr(model, 'config', '?')}): warm-start from a fit of the same model"
+            f"init_from is a posterior of {type(source).__name__}, this fit's model is a "
+            f"{type(model).__name__}: warm-start from a fit of the same model"
+        )
+    ours, theirs = getattr(model, "config", {}), getattr(source, "config", {})
+    differ = sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k))
+    if differ:
+        raise ValueError(
+            f"init_from's model differs from this fit's in {differ} (e.g. {differ[0]}: "
+            f"{theirs.get(differ[0])!r:.60} against {ours.get(differ[0])!r:.60}): warm-start "
+            "from a fit of the same model"
         )
     if init_from.members is not None:
         raise ValueError(

@@ -71,8 +71,9 @@ def _filter(probs: torch.Tensor, temperature: float, top_k: int | None, top_p: f
     Top-p keeps the smallest set of most probable tokens whose mass reaches ``top_p`` (Holtzman
     et al. 2020, "The Curious Case of Neural Text Degeneration").
     """
-    logits = probs.clamp_min(1e-30).log() / temperature
-    probs = torch.softmax(logits, -1)
+    log_probs = probs.clamp_min(1e-30).log()
+    # the largest log-probability is 0 before the division: no overflow at any temperature > 0
+    probs = torch.softmax((log_probs - log_probs.max()) / temperature, -1)
     if top_k is not None and top_k < probs.shape[-1]:
         kth = probs.topk(top_k).values[-1]
         probs = probs.where(probs >= kth, 0.0)
@@ -139,10 +140,32 @@ def _prompt_ids(model: CausalLM, prompt) -> tuple[torch.Tensor, int]:
             "prompt must be a str or a 1-D list / tensor / numpy array of int token ids, got "
             f"{type(prompt).__name__}"
         )
-    ids = torch.as_tensor(np.asarray(prompt) if isinstance(prompt, list | tuple) else prompt)
+    if isinstance(prompt, list | tuple) and not all(
+        isinstance(t, numbers.Integral | np.integer) and not isinstance(t, bool | np.bool_)
+        for t in prompt
+    ):
+        kinds = sorted({type(t).__name__ for t in prompt})
+        raise TypeError(
+            "a prompt of token ids must hold ints (or be a str, or a list of prompts), got "
+            f"elements of type {', '.join(kinds)}"
+        )
+    if isinstance(prompt, np.ndarray) and prompt.dtype.kind not in "iu":
+        raise ValueError(
+            f"prompt token ids must be integers, got a numpy array of dtype {prompt.dtype}"
+        )
+    try:
+        ids = torch.as_tensor(np.asarray(prompt) if isinstance(prompt, list | tuple) else prompt)
+    except (OverflowError, RuntimeError, TypeError) as e:  # ids beyond int64
+        raise ValueError(f"prompt token ids must fit int64: {e}") from None
     if ids.device.type == "meta":
         raise ValueError("prompt is on the 'meta' device, which holds no values")
-    if ids.dim() != 1 or ids.numel() == 0 or ids.is_floating_point() or ids.dtype == torch.bool:
+    if (
+        ids.dim() != 1
+        or ids.numel() == 0
+        or ids.is_floating_point()
+        or ids.is_complex()
+        or ids.dtype == torch.bool
+    ):
         raise ValueError(
             "prompt must be a non-empty str or a 1-D sequence of int token ids, got "
             f"shape {tuple(ids.shape)} and dtype {ids.dtype}"
@@ -248,10 +271,13 @@ def generate(
     """
     model = getattr(posterior, "model", None)
     if not isinstance(model, CausalLM):
-        raise TypeError(
-            f"generate needs the Posterior of a CausalLM, got one of {type(model).__name__}"
+        what = (
+            f"a {type(posterior).__name__}" if model is None else f"one of {type(model).__name__}"
         )
+        raise TypeError(f"generate needs the Posterior of a CausalLM (a fit's result), got {what}")
     _check_options(max_new_tokens, strategy, temperature, top_k, top_p, seed)
+    if not isinstance(bayes_average, bool):
+        raise TypeError(f"bayes_average must be True or False, got {bayes_average!r}")
     items, prompts, unknown, batched = _prompts(model, prompt)
     if sum(unknown):
         warnings.warn(

@@ -592,8 +592,8 @@ FIT_MCMC_CASES: list[Case] = [
 GENERATE_CASES: list[Case] = [
     Case("prompt-float-ids", ("lm",), lambda k: torch.tensor([1.0, 2.0]), ValueError,
          ("prompt must be a non-empty str or a 1-D sequence of int token ids", "float32")),
-    Case("prompt-float-list", ("lm",), lambda k: [1.0, 2.0], ValueError,
-         ("prompt must be", "int token ids", "float64")),
+    Case("prompt-float-list", ("lm",), lambda k: [1.0, 2.0], TypeError,
+         ("prompt of token ids must hold ints", "got elements of type float")),
     Case("prompt-nan", ("lm",), lambda k: torch.tensor([float("nan")]), ValueError,
          ("prompt must be", "int token ids", "float32")),
     Case("prompt-3-d", ("lm",), lambda k: torch.tensor([[[1, 2]]]), ValueError,

@@ -228,7 +228,7 @@ def test_unk_token_at_any_index_takes_unknown_characters():
         (dict(prompt=""), ValueError, "prompt"),
         (dict(prompt=[]), ValueError, "prompt"),
         (dict(prompt=[[1, 2], []]), ValueError, "prompt"),
-        (dict(prompt=[1.0, 2.0]), ValueError, "prompt"),
+        (dict(prompt=[1.0, 2.0]), TypeError, "must hold ints"),
         (dict(prompt=[1, len(FLAT_VOCAB)]), ValueError, "token ids"),
         (dict(prompt=[-1, 2]), ValueError, "token ids"),
         (dict(top_p=0.0), ValueError, "top_p"),

@@ -3,6 +3,7 @@ positional scheme and attention prior, the same tokens with and without the cach
 MCMC and ensemble posteriors, ragged prompt batches, Thompson decoding, and the window beyond
 ``max_len``."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -214,9 +215,26 @@ def test_mc_dropout_decodes_with_a_cache_per_draw():
         (dict(prompt=[]), ValueError, "prompt"),
         (dict(prompt=[[1, 2], []]), ValueError, "prompt"),
         (dict(prompt=[[1, 2], [V]]), ValueError, "token ids"),
+        (dict(prompt=[1, "a"]), TypeError, "must hold ints"),
+        (dict(prompt=[None]), TypeError, "NoneType"),
+        (dict(prompt=[2**70]), ValueError, "int64"),
+        (dict(prompt=np.array(["a", "b"])), ValueError, "dtype <U1"),
+        (dict(prompt=torch.tensor([1 + 0j])), ValueError, "complex"),
+        (dict(bayes_average="no"), TypeError, "bayes_average"),
+        (dict(cache=1), TypeError, "cache"),
     ],
 )
 def test_bad_arguments_raise(svi, kwargs, error, match):
     kwargs = {"prompt": [1, 2], "max_new_tokens": 2, **kwargs}
     with pytest.raises(error, match=match):
         generate(svi, kwargs.pop("prompt"), **kwargs)
+
+
+def test_a_tiny_temperature_is_greedy_not_nan(svi):
+    """Log-probabilities over 1e-40 overflow float32 unless the largest is 0 first."""
+    greedy = generate(svi, [1, 2], max_new_tokens=4, num_samples=3)
+    for strategy in ("greedy", "sample"):
+        cold = generate(
+            svi, [1, 2], max_new_tokens=4, num_samples=3, temperature=1e-40, strategy=strategy
+        )
+        assert cold.token_ids.tolist() == greedy.token_ids.tolist()

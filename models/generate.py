@@ -264,7 +264,9 @@ def generate(
         One ``Generation`` for one prompt; a list of them, in order, for a batch.
 
     Raises:
-        TypeError: ``posterior`` not of a ``CausalLM``; a text prompt for an integer vocabulary.
+        TypeError: ``posterior`` not of a ``CausalLM``; a text prompt for an integer vocabulary;
+            a prompt list holding something other than ints; ``bayes_average`` or ``cache``
+            not a bool (or None for ``cache``).
         ValueError: an empty prompt or batch, token ids out of range, ``top_p`` outside (0, 1],
             ``top_k < 1``, ``temperature <= 0``, an unknown ``strategy``, ``max_new_tokens < 1``,
             ``cache=True`` for a model with stochastic attention.

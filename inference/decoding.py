@@ -111,7 +111,6 @@ class NextTokenDecoder:
             )
             for s in range(0, draws.num, size)
         ]
-        self._swapped = False
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
@@ -126,11 +125,7 @@ class NextTokenDecoder:
             stack.enter_context(self.model._pyro_context)
             if len(self.passes) == 1:
                 stack.enter_context(_reparametrize_module(self.model, self.passes[0].parameters))
-                self._swapped = True
-            try:
-                yield
-            finally:
-                self._swapped = False
+            yield
 
     def step(self, history: torch.Tensor, new: int) -> torch.Tensor:
         """``(S, B, V)`` next-token probabilities after ``history (B, L)``, whose last ``new``
@@ -152,8 +147,8 @@ class NextTokenDecoder:
                 kv_cache.decoding(cache),
                 poutine.condition(data=p.condition),
                 pyro.plate(DRAWS_PLATE, p.num, dim=DRAWS_DIM),
-                contextlib.nullcontext()
-                if self._swapped
+                contextlib.nullcontext()  # one pass: swapped once, in held()
+                if len(self.passes) == 1
                 else _reparametrize_module(self.model, p.parameters),
             ):
                 logits = self.model.logits(feed)[:, :, -1]  # (s', B, V)

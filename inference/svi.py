@@ -35,11 +35,11 @@ from probtransformer.inference.checkpoint import (
     restore_svi_checkpoint,
     save_svi_checkpoint,
 )
-from probtransformer.inference.draws import DEFAULT_NUM_SAMPLES
 from probtransformer.inference.elbo import MeanFieldELBO, NonFiniteELBOError, non_finite_error
 from probtransformer.inference.guides import GUIDES, build_guide, has_local_latents
 from probtransformer.inference.inputs import check_model, check_training_data, example_of
 from probtransformer.inference.posterior import Posterior
+from probtransformer.inference.warm_start import warm_start
 from probtransformer.validation import check_int
 
 
@@ -116,53 +116,6 @@ def _check_fit(model, data, guide, num_steps, batch_size, lr, lr_decay, num_part
         raise ValueError(f"lr must be a finite number > 0, got {lr!r}")
     if not (isinstance(lr_decay, (int, float)) and 0 < lr_decay <= 1):
         raise ValueError(f"lr_decay must be in (0, 1], got {lr_decay!r}")
-
-
-def warm_start(model: torch.nn.Module, init_from: Posterior, device) -> dict[str, torch.Tensor]:
-    """Copy ``init_from``'s point-estimate parameters into ``model`` (in place) and return its
-    posterior mean of each global latent site ``{site: (*shape)}``, where the guide starts.
-
-    Raises:
-        TypeError: ``init_from`` is not a ``Posterior``.
-        ValueError: ``init_from`` is of a model of another class or config, of an ensemble (one
-            parameter set per member), or of a model with local latents (stochastic attention,
-            whose amortized guide has no per-site locations).
-    """
-    if not isinstance(init_from, Posterior):
-        raise TypeError(
-            "init_from must be a fitted Posterior (e.g. of fit_map), got "
-            f"{type(init_from).__name__}"
-        )
-    source = init_from.model
-    if type(source) is not type(model):
-        raise ValueError(
-            f"init_from is a posterior of {type(source).__name__}, this fit's model is a "
-            f"{type(model).__name__}: warm-start from a fit of the same model"
-        )
-    ours, theirs = getattr(model, "config", {}), getattr(source, "config", {})
-    differ = sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k))
-    if differ:
-        raise ValueError(
-            f"init_from's model differs from this fit's in {differ} (e.g. {differ[0]}: "
-            f"{theirs.get(differ[0])!r:.60} against {ours.get(differ[0])!r:.60}): warm-start "
-            "from a fit of the same model"
-        )
-    if init_from.members is not None:
-        raise ValueError(
-            "init_from is an ensemble, with one set of parameters per member: warm-start from "
-            "one fit (fit_map)"
-        )
-    if has_local_latents(model):
-        raise ValueError(
-            "init_from cannot start a model with stochastic attention: its amortized guide has "
-            "no per-site locations to start"
-        )
-    with torch.no_grad():
-        parameters = dict(model.named_parameters())
-        for name, value in source.named_parameters():
-            parameters[name].copy_(value.to(device))
-    draws = init_from.draws(None if init_from.samples is not None else DEFAULT_NUM_SAMPLES)
-    return {k: v.flatten(0, 1).mean(0).to(device) for k, v in draws.items()}
 
 
 def svi_init(model: torch.nn.Module, data: SequenceData, **settings) -> SVIState:

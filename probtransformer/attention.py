@@ -318,10 +318,12 @@ class BayesMultiheadAttention(PyroModule):
         q = q.view(S, N, Tq, nh, hs).transpose(2, 3)  # (S, N, H', Tq, hs)
         k = k.view(k.shape[0], N, Tk, nh, hs).transpose(2, 3)  # (S, N, H', Tk, hs)
         v = v.view(v.shape[0], N, Tk, nh, hs).transpose(2, 3)  # (S, N, H', Tk, hs)
+        # self-attention: the queries are the last Tq of the Tk steps (Tk > Tq with a cache)
         cache = kv_cache.active() if key_value is None else None
+        first_query = 0 if cache is None else cache.offset
         if self.rotary and key_value is None:
-            start = 0 if cache is None else cache.offset
-            cos, sin = rotary_angles(torch.arange(start, start + Tq, device=q.device), hs)
+            positions = torch.arange(first_query, first_query + Tq, device=q.device)
+            cos, sin = rotary_angles(positions, hs)
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         if cache is not None:  # the new steps attend to the cached ones too
             if self.stochastic:
@@ -331,8 +333,6 @@ class BayesMultiheadAttention(PyroModule):
                 )
             k, v = cache.keys_values(self, k, v)
             Tk = k.shape[-2]
-        # self-attention: the queries are the last Tq of the Tk steps (Tk > Tq with a cache)
-        first_query = Tk - Tq if key_value is None else 0
         # the scales go on the (Tq, d_head) queries rather than the (Tq, Tk) logits: same
         # logits, fewer operations whenever T > d_head
         scale = 1.0 / math.sqrt(hs)

@@ -86,9 +86,9 @@ class ConvMixing(PyroModule):
             return (windows * self.weight[:, 0]).sum(-1) + self.bias
         lead = h.shape[:-2]
         x = h.reshape(-1, *h.shape[-2:]).transpose(1, 2)  # (s N, d, T)
-        x = F.pad(x, (before, self.kernel - 1 - before if not self.causal else 0))
+        x = F.pad(x, (before, self.kernel - 1 - before))
         out = F.conv1d(x, self.weight, self.bias, groups=x.shape[1])  # (s N, d, T)
-        return out.transpose(1, 2)[:, -T:].reshape(*lead, T, -1)
+        return out.transpose(1, 2).reshape(*lead, T, -1)
 
 
 class TransformerBlock(PyroModule):
@@ -183,7 +183,10 @@ class TransformerBlock(PyroModule):
     def _conv_mixing(self, h: torch.Tensor, key_padding_mask: torch.Tensor | None):
         if self.conv is None:
             return h
-        mix = lambda x: self.dropout(self.conv(x, key_padding_mask))  # noqa: E731
+
+        def mix(x: torch.Tensor) -> torch.Tensor:
+            return self.dropout(self.conv(x, key_padding_mask))
+
         return self._sublayer(h, mix, self.norm0)
 
     def _feed_forward(self, h: torch.Tensor) -> torch.Tensor:

@@ -192,18 +192,17 @@ def _check_applicable(args: argparse.Namespace, task, tasks: dict) -> None:
 def _with_mcmc_preset(args: argparse.Namespace) -> argparse.Namespace:
     """``args`` with the options left unset taken from ``mcmc_preset`` of ``--kernel`` (unset:
     the preset's kernel), except ``--num-starts`` when ``--num-chains`` or ``--init`` is given."""
-    args = argparse.Namespace(**vars(args))
     # the preset's starts fit its own chains and init; with either changed, the library's
     # default (one start per chain, one for "map") fits the user's
-    own_starts = args.num_chains is not None or args.init is not None
-    for dest, value in mcmc_preset(args.kernel or mcmc_preset()["kernel"]).items():
-        if getattr(args, dest) is None and not (dest == "num_starts" and own_starts):
-            setattr(args, dest, value)
-    return args
+    preset = mcmc_preset(args.kernel or mcmc_preset()["kernel"])
+    if args.num_chains is not None or args.init is not None:
+        preset.pop("num_starts", None)
+    return _with_preset(args, preset)
 
 
 def _with_preset(args: argparse.Namespace, preset: dict[str, Any]) -> argparse.Namespace:
-    """``args`` with the options left unset taken from the task's ``fit_preset``."""
+    """``args`` with the options left unset taken from ``preset`` (a task's ``fit_preset``, or
+    the MCMC preset)."""
     args = argparse.Namespace(**vars(args))
     for dest, value in preset.items():
         if getattr(args, dest) is None:

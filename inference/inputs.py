@@ -249,15 +249,24 @@ def as_inputs(
 
 def _warn_out_of_range(x: torch.Tensor, x_range: list[float] | None) -> None:
     """Warn when features lie far outside the training range (a preprocessing mismatch)."""
+    message = out_of_range_message(x, x_range)
+    if message is not None:
+        # stacklevel: as_inputs <- Posterior._inputs <- predict <- the caller
+        warnings.warn(message, UserWarning, stacklevel=5)
+
+
+def out_of_range_message(x: torch.Tensor, x_range: list[float] | None) -> str | None:
+    """Why features ``x`` look preprocessed unlike the training data: they reach more than one
+    training span ``x_range = [low, high]`` beyond it; None when they do not (or for token ids,
+    or without a recorded range)."""
     if not x_range or not x.is_floating_point():
-        return
+        return None
     low, high = x_range
     span = max(high - low, 1e-12)
     got_low, got_high = float(x.min()), float(x.max())
     if got_low < low - span or got_high > high + span:
-        warnings.warn(
+        return (
             f"x spans [{got_low:.4g}, {got_high:.4g}] but the training features spanned "
-            f"[{low:.4g}, {high:.4g}]: check that the inputs are preprocessed as in training",
-            UserWarning,
-            stacklevel=5,  # as_inputs <- Posterior._inputs <- predict <- the caller
+            f"[{low:.4g}, {high:.4g}]: check that the inputs are preprocessed as in training"
         )
+    return None

@@ -8,7 +8,7 @@ your own classes decorated with ``register_model`` (or installed under the entry
 
 from probtransformer.models.classifier import SequenceClassifier
 from probtransformer.models.forecast import forecast
-from probtransformer.models.generate import Generation, generate
+from probtransformer.models.generate import Generation, TokenStep, generate, generate_stream
 from probtransformer.models.linear import BayesianLinearRegression
 from probtransformer.models.registry import register_model
 from probtransformer.models.regression import Seq2Seq, SequenceRegressor
@@ -24,5 +24,7 @@ __all__ = [
     "TokenTagger",
     "forecast",
     "generate",
+    "generate_stream",
+    "TokenStep",
     "register_model",
 ]

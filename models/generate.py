@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -110,7 +111,7 @@ def _check_options(max_new_tokens, strategy, temperature, top_k, top_p, seed) ->
         raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
 
 
-def _prompt_ids(model: CausalLM, prompt) -> tuple[torch.Tensor, int]:
+def prompt_ids(model: CausalLM, prompt) -> tuple[torch.Tensor, int]:
     """Token ids ``(T,)`` of the prompt and the number of characters outside the vocabulary.
 
     Text is read character by character (the vocabularies of ``datasets.load`` are characters);
@@ -196,7 +197,7 @@ def _prompts(model: CausalLM, prompt) -> tuple[list, list[torch.Tensor], list[in
         items, batched = [prompt], False
     if not items:
         raise ValueError("prompt is an empty batch: give at least one prompt")
-    parsed = [_prompt_ids(model, p) for p in items]
+    parsed = [prompt_ids(model, p) for p in items]
     return items, [ids for ids, _ in parsed], [unknown for _, unknown in parsed], batched
 
 
@@ -271,6 +272,103 @@ def generate(
             ``top_k < 1``, ``temperature <= 0``, an unknown ``strategy``, ``max_new_tokens < 1``,
             ``cache=True`` for a model with stochastic attention.
     """
+    model, items, prompts, unknown, batched = _checked(
+        posterior, prompt, max_new_tokens, strategy, temperature, top_k, top_p, seed,
+        bayes_average,
+    )  # fmt: skip
+    _warn_unknown(unknown)
+    new: list[list[int]] = [[] for _ in prompts]
+    stats: list[list[torch.Tensor]] = [[] for _ in prompts]
+    steps = _decode(
+        posterior, prompts, max_new_tokens, strategy, temperature, top_k, top_p, bayes_average,
+        num_samples, seed, cache,
+    )  # fmt: skip
+    for b, token, stat in steps:
+        new[b].append(token)
+        stats[b].append(stat)
+    out = [
+        _generation(model, p, ids, torch.stack(s), u)
+        for p, ids, s, u in zip(items, new, stats, unknown, strict=True)
+    ]
+    return out if batched else out[0]
+
+
+@dataclass(frozen=True)
+class TokenStep:
+    """One generated token of ``generate_stream``.
+
+    Attributes:
+        index: its position among the generated tokens, from 0.
+        token_id: its id.
+        token: its string (None when the model has no string vocabulary).
+        entropy: total entropy of the posterior predictive at this step, nats.
+        aleatoric: expected entropy of the per-draw next-token distributions, nats.
+        epistemic: mutual information between the token and the weights, nats.
+    """
+
+    index: int
+    token_id: int
+    token: str | None
+    entropy: float
+    aleatoric: float
+    epistemic: float
+
+
+def generate_stream(
+    posterior,
+    prompt,
+    *,
+    max_new_tokens: int = 100,
+    strategy: str = "greedy",
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    bayes_average: bool = True,
+    num_samples: int = 100,
+    seed: int = 0,
+    cache: bool | None = None,
+) -> Iterator[TokenStep]:
+    """``generate`` for one prompt, token by token: an iterator of ``TokenStep`` that decodes
+    each token when asked for it (the same tokens and figures as ``generate``).
+
+    The arguments are checked (and prompt characters outside the vocabulary warned about) when
+    this is called; the posterior draws are taken at the first step. Stopping early stops the
+    decoding.
+
+    Raises:
+        TypeError, ValueError: as ``generate``; ``ValueError`` for a batch of prompts.
+    """
+    model, _, prompts, unknown, batched = _checked(
+        posterior, prompt, max_new_tokens, strategy, temperature, top_k, top_p, seed,
+        bayes_average,
+    )  # fmt: skip
+    if batched:
+        raise ValueError("generate_stream takes one prompt; use generate for a batch")
+    _warn_unknown(unknown, stacklevel=3)
+    steps = _decode(
+        posterior, prompts, max_new_tokens, strategy, temperature, top_k, top_p, bayes_average,
+        num_samples, seed, cache,
+    )  # fmt: skip
+
+    def tokens() -> Iterator[TokenStep]:
+        for index, (_, token, stat) in enumerate(steps):
+            entropy, aleatoric = float(stat[0]), float(stat[1])
+            yield TokenStep(
+                index=index,
+                token_id=token,
+                token=None if model.vocab is None else model.vocab[token],
+                entropy=entropy,
+                aleatoric=aleatoric,
+                epistemic=max(entropy - aleatoric, 0.0),
+            )
+
+    return tokens()
+
+
+def _checked(
+    posterior, prompt, max_new_tokens, strategy, temperature, top_k, top_p, seed, bayes_average
+):
+    """``(model, items, prompts, unknown, batched)`` after checking every argument."""
     model = getattr(posterior, "model", None)
     if not isinstance(model, CausalLM):
         what = (
@@ -280,20 +378,40 @@ def generate(
     _check_options(max_new_tokens, strategy, temperature, top_k, top_p, seed)
     if not isinstance(bayes_average, bool):
         raise TypeError(f"bayes_average must be True or False, got {bayes_average!r}")
-    items, prompts, unknown, batched = _prompts(model, prompt)
+    return model, *_prompts(model, prompt)
+
+
+def _warn_unknown(unknown: list[int], stacklevel: int = 3) -> None:
     if sum(unknown):
         warnings.warn(
             f"{sum(unknown)} prompt character(s) are outside the vocabulary and were mapped to "
             "<unk>",
-            stacklevel=2,
+            stacklevel=stacklevel,
         )
+
+
+def _decode(
+    posterior,
+    prompts,
+    max_new_tokens,
+    strategy,
+    temperature,
+    top_k,
+    top_p,
+    bayes_average,
+    num_samples,
+    seed,
+    cache,
+) -> Iterator[tuple[int, int, torch.Tensor]]:
+    """The lockstep decoding of ``generate``: ``(sequence, token id, (entropy, aleatoric))``
+    for each new token, in the order they are decoded."""
     decoder = posterior.decoder(num_samples, seed=seed, cache=cache)
     generator = torch.Generator().manual_seed(int(seed))
     B, shortest = len(prompts), min(len(p) for p in prompts)
     choice = None if bayes_average else torch.randint(decoder.num, (B,), generator=generator)
     forced = [p[shortest:].tolist() for p in prompts]  # prompt tokens past the shortest
-    new: list[list[int]] = [[] for _ in range(B)]
-    stats: list[list[torch.Tensor]] = [[] for _ in range(B)]
+    done = [0] * B
+    last = [0] * B
     history = torch.stack([p[:shortest] for p in prompts]).to(decoder.device)  # (B, L)
     fresh = shortest
     with decoder.held():
@@ -307,10 +425,9 @@ def generate(
                 if forced[b]:
                     tokens.append(forced[b].pop(0))
                     continue
-                if len(new[b]) == max_new_tokens:  # done: any token keeps the lockstep
-                    tokens.append(new[b][-1])
+                if done[b] == max_new_tokens:  # done: any token keeps the lockstep
+                    tokens.append(last[b])
                     continue
-                stats[b].append(torch.stack([entropy[b], aleatoric[b]]))
                 chosen = mean[b] if choice is None else probs[choice[b], b]
                 if temperature != 1 or top_k is not None or top_p is not None:
                     chosen = _filter(chosen, temperature, top_k, top_p)
@@ -318,17 +435,14 @@ def generate(
                     token = int(chosen.argmax())
                 else:
                     token = int(torch.multinomial(chosen, 1, generator=generator))
-                new[b].append(token)
+                done[b] += 1
+                last[b] = token
                 tokens.append(token)
-            if all(len(n) == max_new_tokens for n in new):
+                yield b, token, torch.stack([entropy[b], aleatoric[b]])
+            if all(n == max_new_tokens for n in done):
                 break
             history = torch.cat([history, history.new_tensor(tokens)[:, None]], 1)
             fresh = 1
-    out = [
-        _generation(model, p, ids, torch.stack(s), u)
-        for p, ids, s, u in zip(items, new, stats, unknown, strict=True)
-    ]
-    return out if batched else out[0]
 
 
 def _generation(model: CausalLM, prompt, new: list[int], stats: torch.Tensor, unknown: int):

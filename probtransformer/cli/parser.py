@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 from collections.abc import Callable, Iterator
 from typing import NoReturn
 
@@ -13,6 +14,7 @@ from probtransformer.cli import fit as fit_command
 from probtransformer.cli import generate as generate_command
 from probtransformer.cli import predict as predict_command
 from probtransformer.cli import report as report_command
+from probtransformer.cli import serve as serve_command
 from probtransformer.cli._common import PROG
 from probtransformer.cli.help import LibraryDefaultsFormatter
 from probtransformer.cli.options import (
@@ -89,6 +91,17 @@ def _int_at_least(minimum: int) -> Callable[[str], int]:
 
 _positive_int = _int_at_least(1)
 _non_negative_int = _int_at_least(0)
+
+
+def _non_negative_float(text: str) -> float:
+    """argparse type: a finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
 
 
 def _run_command(
@@ -425,5 +438,71 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--seed", type=int, metavar="N", help="seeds the draws and sampling")
     generate.add_argument(
         "--output", metavar="CSV", help="write the per-token table to this CSV file instead"
+    )
+
+    from probtransformer.serving.limits import (
+        DEFAULT_MAX_BATCH_ROWS,
+        DEFAULT_MAX_BODY_BYTES,
+        DEFAULT_MAX_REQUEST_ROWS,
+        DEFAULT_MAX_WAIT_MS,
+    )
+
+    serve = _run_command(
+        commands,
+        serve_command.run,
+        "serve",
+        help="serve a run's uncertainty-aware predictions over HTTP",
+        description="Serve a run over HTTP (FastAPI and uvicorn: pip install "
+        "'probtransformer[serve]'): POST /predict (probabilities or predictive mean, entropy "
+        "split into aleatoric and epistemic parts, intervals, attention, per-draw values), "
+        "POST /generate (language-model runs, server-sent events), GET /health, GET "
+        "/metadata; OpenAPI at /docs. Concurrent /predict requests with the same seed, "
+        "num_samples, attention flag and sequence length are merged into one vectorized pass. "
+        "SIGTERM or Ctrl-C stop taking connections and answer the requests in flight first.",
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    serve.add_argument(
+        "--port", type=_int_at_least(0), default=8000, help="port to bind (default: %(default)s)"
+    )
+    serve.add_argument(
+        "--num-samples",
+        type=_positive_int,
+        default=100,
+        metavar="S",
+        help="posterior draws of a request that does not say (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--max-batch-rows",
+        type=_positive_int,
+        default=DEFAULT_MAX_BATCH_ROWS,
+        metavar="N",
+        help="rows of the merged requests of one pass; 1: no batching (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--max-wait-ms",
+        type=_non_negative_float,
+        default=DEFAULT_MAX_WAIT_MS,
+        metavar="M",
+        help="milliseconds a request waits for others to join its pass (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--max-request-rows",
+        type=_positive_int,
+        default=DEFAULT_MAX_REQUEST_ROWS,
+        metavar="N",
+        help="rows one request may hold, 413 beyond (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--max-body-bytes",
+        type=_positive_int,
+        default=DEFAULT_MAX_BODY_BYTES,
+        metavar="B",
+        help="bytes one request body may hold, 413 beyond (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--api-key-env",
+        metavar="NAME",
+        help="require 'Authorization: Bearer <key>', the key read from this environment "
+        "variable (default: no key)",
     )
     return parser

@@ -1,4 +1,5 @@
-"""Data and imports flow one way: building blocks -> models -> inference -> tasks -> cli.
+"""Data and imports flow one way: building blocks -> models -> inference -> tasks -> cli ->
+serving (and its client).
 
 Every import of every module is read with the AST, including imports inside functions and
 ``importlib.import_module("...")`` strings, so a lazy import cannot hide a wrong direction.
@@ -34,10 +35,22 @@ BUILDING_BLOCKS = (
 )
 
 #: Packages each layer must never import.
+#: The server and its client sit above the CLI's run directories: nothing below imports them.
+SERVING = ("probtransformer.serving", "probtransformer.client")
 FORBIDDEN = {
-    "building block": ("probtransformer.inference", "probtransformer.tasks", "probtransformer.cli"),
-    "models": ("probtransformer.inference", "probtransformer.tasks", "probtransformer.cli"),
-    "inference": ("probtransformer.tasks", "probtransformer.cli"),
+    "building block": (
+        "probtransformer.inference",
+        "probtransformer.tasks",
+        "probtransformer.cli",
+        *SERVING,
+    ),
+    "models": (
+        "probtransformer.inference",
+        "probtransformer.tasks",
+        "probtransformer.cli",
+        *SERVING,
+    ),
+    "inference": ("probtransformer.tasks", "probtransformer.cli", *SERVING),
 }
 
 

@@ -11,7 +11,7 @@ from probtransformer import kv_cache, priors
 from probtransformer.datasets import SequenceData
 from probtransformer.inference import Posterior, fit_ensemble, fit_mc_dropout, fit_svi
 from probtransformer.inference.decoding import NextTokenDecoder
-from probtransformer.models import CausalLM, Generation, generate
+from probtransformer.models import CausalLM, Generation, generate, generate_stream
 
 T, V = 10, 6  # max_len, vocabulary
 SIZES = dict(d_model=16, num_heads=2, num_layers=2, d_ff=16, dropout=0.0)
@@ -238,3 +238,21 @@ def test_a_tiny_temperature_is_greedy_not_nan(svi):
             svi, [1, 2], max_new_tokens=4, num_samples=3, temperature=1e-40, strategy=strategy
         )
         assert cold.token_ids.tolist() == greedy.token_ids.tolist()
+
+
+def test_generate_stream_yields_the_tokens_of_generate_one_at_a_time(svi):
+    options = dict(max_new_tokens=5, strategy="sample", top_p=0.9, num_samples=4, seed=1)
+    expected = generate(svi, [1, 2, 3], **options)
+    stream = generate_stream(svi, [1, 2, 3], **options)
+    first = next(stream)
+    assert first.index == 0 and first.token_id == int(expected.token_ids[0])
+    steps = [first, *stream]
+    assert [s.token_id for s in steps] == expected.token_ids.tolist()
+    for name in ("entropy", "aleatoric", "epistemic"):
+        assert torch.allclose(
+            torch.tensor([getattr(s, name) for s in steps]), getattr(expected, name)
+        )
+    with pytest.raises(ValueError, match="one prompt"):
+        generate_stream(svi, [[1, 2], [3]])
+    with pytest.raises(ValueError, match="temperature"):
+        generate_stream(svi, [1], temperature=0)  # checked at the call, not at the first step

@@ -1,0 +1,221 @@
+"""A Python client of ``probtransformer serve``: the same ``Prediction`` objects as
+``Posterior.predict``, so notebook code runs unchanged against a server.
+
+Example::
+
+    from probtransformer.client import Client
+
+    with Client("http://127.0.0.1:8000") as server:
+        pred = server.predict(x, num_samples=100, seed=0)   # Prediction, draws included
+        pred.epistemic                                       # (N,) nats
+
+Needs httpx (the ``serve`` extra).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from probtransformer.inference.prediction import Prediction, RegressionPrediction
+from probtransformer.models.generate import TokenStep
+
+
+class ServerError(RuntimeError):
+    """The server failed (HTTP 5xx), or answered with something that is not its API.
+
+    Attributes:
+        status: the HTTP status.
+    """
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Client:
+    """Talk to ``probtransformer serve`` at ``url``.
+
+    Args:
+        url: the server's base URL.
+        api_key: sent as ``Authorization: Bearer <api_key>`` (servers started with
+            ``--api-key-env``).
+        timeout: seconds to wait for an answer.
+
+    Errors of a request: ``ValueError`` for what the server refused (422, 413, 404: its message
+    names the field, what was expected and what arrived), ``PermissionError`` for 401,
+    ``ServerError`` for 5xx, ``ConnectionError`` when the server cannot be reached.
+    """
+
+    def __init__(
+        self, url: str = "http://127.0.0.1:8000", *, api_key: str | None = None, timeout=60.0
+    ) -> None:
+        try:
+            import httpx
+        except ImportError:
+            raise ImportError(
+                "the client needs httpx: pip install 'probtransformer[serve]'"
+            ) from None
+        headers = {} if api_key is None else {"Authorization": f"Bearer {api_key}"}
+        self._http = httpx.Client(base_url=url, headers=headers, timeout=timeout)
+        self._httpx = httpx
+        self._metadata: dict | None = None
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connections."""
+        self._http.close()
+
+    # -- endpoints ------------------------------------------------------------------------
+
+    def health(self) -> dict:
+        """``GET /health``."""
+        return self._request("GET", "/health")
+
+    def metadata(self) -> dict:
+        """``GET /metadata``: task, input shape, classes or vocabulary, training range, fit
+        summary, diagnostics verdict, units and limits."""
+        self._metadata = self._request("GET", "/metadata")
+        return self._metadata
+
+    def predict_rows(self, x, mask=None, **options: Any) -> dict:
+        """``POST /predict`` as it answers (rows of JSON), for one request.
+
+        Args:
+            x: ``(N, T, F)`` features or ``(N, T)`` token ids (tensor, array or nested lists).
+            mask: ``(N, T)`` bool, True = real step, or None.
+            options: ``num_samples``, ``seed``, ``interval``, ``attention``, ``abstain_above``,
+                ``return_draws`` (see the server's ``/docs``).
+        """
+        body = {"sequences": _as_list(x), **options}
+        if mask is not None:
+            body["mask"] = _as_list(mask)
+        return self._request("POST", "/predict", json=body)
+
+    def predict(
+        self, x, mask=None, *, num_samples: int = 100, seed: int = 0
+    ) -> Prediction | RegressionPrediction:
+        """The posterior predictive, as ``Posterior.predict`` returns it (draws included).
+
+        Inputs of more rows than the server takes in one request are sent in pieces, each with
+        the same draws (``seed``).
+
+        Returns:
+            ``Prediction`` with ``probs (S, N, C)`` (``(S, N, T, C)`` for token models), or
+            ``RegressionPrediction`` with ``samples``, ``loc``, ``variance`` ``(S, N, ...)``.
+
+        Raises:
+            ValueError, PermissionError, ServerError, ConnectionError: see ``Client``.
+        """
+        limit = (self._metadata or self.metadata())["limits"]["max_request_rows"]
+        n = len(x)
+        rows = []
+        for start in range(0, n, limit):
+            some = mask[start : start + limit] if mask is not None else None
+            answer = self.predict_rows(
+                x[start : start + limit], some, num_samples=num_samples, seed=seed,
+                return_draws=True,
+            )  # fmt: skip
+            rows.extend(answer["rows"])
+        draws = [row["draws"] for row in rows]
+        if "probs" in draws[0]:
+            return Prediction(probs=_stack(draws, "probs"))
+        return RegressionPrediction(
+            samples=_stack(draws, "samples"),
+            loc=_stack(draws, "loc"),
+            variance=_stack(draws, "variance"),
+        )
+
+    def generate(self, prompt: str | list[int], **options: Any) -> Iterator[TokenStep]:
+        """``POST /generate``: the tokens after ``prompt`` as they are decoded, each a
+        ``TokenStep`` (token, entropy, aleatoric and epistemic parts in nats).
+
+        Args:
+            prompt: text or token ids.
+            options: ``max_new_tokens``, ``strategy``, ``temperature``, ``top_k``, ``top_p``,
+                ``thompson``, ``num_samples``, ``seed``.
+
+        Raises:
+            ValueError, PermissionError, ServerError, ConnectionError: see ``Client``; a
+            ``ServerError`` too when the generation fails midway.
+        """
+        body = {"prompt": prompt, **options}
+        with self._connected():
+            with self._http.stream("POST", "/generate", json=body) as response:
+                if response.status_code != 200:
+                    response.read()
+                    _raise_for(response)
+                event = None
+                for line in response.iter_lines():
+                    if line.startswith("event: "):
+                        event = line[len("event: ") :]
+                    elif line.startswith("data: "):
+                        data = json.loads(line[len("data: ") :])
+                        if event == "token":
+                            yield TokenStep(**data)
+                        elif event == "error":
+                            raise ServerError(200, f"generation failed: {data['detail']}")
+                        else:
+                            return
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def _request(self, method: str, path: str, **kwargs) -> Any:
+        with self._connected():
+            response = self._http.request(method, path, **kwargs)
+        _raise_for(response)
+        return response.json()
+
+    @contextlib.contextmanager
+    def _connected(self) -> Iterator[None]:
+        """``ConnectionError`` (naming the URL) for a server that cannot be reached."""
+        try:
+            yield
+        except self._httpx.TransportError as e:
+            raise ConnectionError(f"cannot reach the server at {self._http.base_url}: {e}") from e
+
+
+def _raise_for(response) -> None:
+    status = response.status_code
+    if status < 400:
+        return
+    try:
+        detail = response.json().get("detail", response.text)
+    except ValueError:
+        detail = response.text
+    if isinstance(detail, list):  # FastAPI's 422 list: field, message, what arrived
+        detail = "; ".join(
+            f"{'.'.join(map(str, item.get('loc', [])))}: {item.get('msg')}"
+            + (f" (got {item['input']!r})" if "input" in item else "")
+            for item in detail
+        )
+    message = f"HTTP {status}: {detail}"
+    if status == 401:
+        raise PermissionError(message)
+    if status < 500:
+        raise ValueError(message)
+    raise ServerError(status, message)
+
+
+def _as_list(value) -> list:
+    """Tensors and arrays as nested lists (float32 values exactly, as Python floats)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().tolist()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return value
+
+
+def _stack(draws: list[dict], name: str) -> torch.Tensor:
+    """``(S, N, ...)`` float32 from each row's ``(S, ...)`` draws of ``name``."""
+    return torch.stack([torch.tensor(row[name], dtype=torch.float32) for row in draws], 1)

@@ -1,0 +1,149 @@
+"""An asyncio micro-batcher: concurrent requests with equal keys run as one call on one worker.
+
+Every request is a ``(key, payload, rows)``. The batcher takes the oldest waiting request, waits
+at most ``max_wait`` seconds from its arrival for more requests with the same key (or until their
+rows reach ``max_rows``), and runs them together as ``run_batch(payloads)`` on the worker
+thread. Requests with other keys wait for their own batch, oldest first. While a batch runs, new
+requests queue up, so a busy server batches more without waiting longer. All model work of the
+server runs on that one worker thread, in order (``Pyro``'s global state is not thread-safe);
+``run_on_worker`` queues other work (a text generation) on it.
+
+Like the dynamic batching of model servers (Triton's ``max_queue_delay_microseconds``), but
+keyed: requests merge only when they ask for the same draws and flags. Requests whose merged
+call fails are run again one by one, so an error reaches only the request that caused it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import dataclasses
+from collections.abc import Callable, Hashable
+from typing import Any
+
+
+@dataclasses.dataclass(eq=False)
+class _Request:
+    key: Hashable
+    payload: Any
+    rows: int
+    arrived: float
+    future: asyncio.Future
+
+
+class MicroBatcher:
+    """Group concurrent requests by key into calls of ``run_batch`` on one worker thread.
+
+    Args:
+        run_batch: ``run_batch(payloads) -> results``, one result per payload, in order. It runs
+            on the worker thread; an exception fails the batch (each request is then run alone).
+        max_rows: a batch holds requests of at most this many rows in all (a larger request
+            runs alone); 1 turns batching off.
+        max_wait: seconds a request waits for others to join its batch.
+
+    Raises:
+        ValueError: ``max_rows < 1`` or ``max_wait < 0``.
+    """
+
+    def __init__(
+        self, run_batch: Callable[[list[Any]], list[Any]], *, max_rows: int, max_wait: float
+    ) -> None:
+        if max_rows < 1:
+            raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+        if max_wait < 0:
+            raise ValueError(f"max_wait must be >= 0 seconds, got {max_wait}")
+        self.run_batch = run_batch
+        self.max_rows = max_rows
+        self.max_wait = max_wait
+        self.batches = 0  # calls of run_batch made (for /metadata and the tests)
+        self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="model")
+        self._pending: collections.deque[_Request] = collections.deque()
+        self._arrived = asyncio.Event()
+        self._loop_task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        """Start batching (call from the running event loop)."""
+        self._loop_task = asyncio.get_running_loop().create_task(self._serve())
+
+    async def stop(self) -> None:
+        """Finish the requests already waiting, then stop the loop and the worker thread."""
+        while self._pending:
+            await asyncio.sleep(0.01)
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+        self._worker.shutdown(wait=True)
+
+    async def submit(self, key: Hashable, payload: Any, rows: int) -> Any:
+        """Queue a request and wait for its result (its exception is raised here)."""
+        loop = asyncio.get_running_loop()
+        request = _Request(key, payload, rows, loop.time(), loop.create_future())
+        self._pending.append(request)
+        self._arrived.set()
+        return await request.future
+
+    async def run_on_worker(self, function: Callable[[], Any]) -> Any:
+        """Run ``function()`` on the worker thread, after the work queued before it."""
+        return await asyncio.get_running_loop().run_in_executor(self._worker, function)
+
+    async def _serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            while not self._pending:
+                self._arrived.clear()
+                await self._arrived.wait()
+            first = self._pending[0]
+            while self._rows_waiting(first.key) < self.max_rows:
+                remaining = first.arrived + self.max_wait - loop.time()
+                if remaining <= 0:
+                    break
+                self._arrived.clear()
+                try:
+                    await asyncio.wait_for(self._arrived.wait(), remaining)
+                except TimeoutError:
+                    break
+            batch = self._take(first.key)
+            if batch:
+                outcomes = await loop.run_in_executor(self._worker, self._run, batch)
+                for request, (ok, value) in zip(batch, outcomes, strict=True):
+                    if request.future.done():  # the client went away
+                        continue
+                    if ok:
+                        request.future.set_result(value)
+                    else:
+                        request.future.set_exception(value)
+
+    def _rows_waiting(self, key: Hashable) -> int:
+        return sum(r.rows for r in self._pending if r.key == key and not r.future.done())
+
+    def _take(self, key: Hashable) -> list[_Request]:
+        """The oldest waiting requests with ``key``, up to ``max_rows`` rows (at least one)."""
+        batch, rows, kept = [], 0, collections.deque()
+        for request in self._pending:
+            if request.future.done():
+                continue  # cancelled while waiting
+            if request.key == key and (not batch or rows + request.rows <= self.max_rows):
+                batch.append(request)
+                rows += request.rows
+            else:
+                kept.append(request)
+        self._pending = kept
+        return batch
+
+    def _run(self, batch: list[_Request]) -> list[tuple[bool, Any]]:
+        """On the worker: the batch in one call; if that fails, each request alone."""
+        self.batches += 1
+        try:
+            results = self.run_batch([r.payload for r in batch])
+            return [(True, result) for result in results]
+        except Exception as e:
+            if len(batch) == 1:
+                return [(False, e)]
+        outcomes = []
+        for request in batch:
+            self.batches += 1
+            try:
+                outcomes.append((True, self.run_batch([request.payload])[0]))
+            except Exception as e:
+                outcomes.append((False, e))
+        return outcomes

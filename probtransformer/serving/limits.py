@@ -1,0 +1,31 @@
+"""Batching and size limits of ``probtransformer serve`` (no FastAPI import: the CLI's help
+reads them)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+#: Defaults of ``probtransformer serve`` (measured in benchmarks/BENCHMARKS.md, "Serving").
+DEFAULT_MAX_BATCH_ROWS = 64  # a 64-row digits pass at S=100 takes about 0.3 s on 2 cores
+DEFAULT_MAX_WAIT_MS = 5.0  # a lone request waits at most this long for others
+DEFAULT_MAX_REQUEST_ROWS = 1024
+DEFAULT_MAX_BODY_BYTES = 16 * 2**20
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """What the server accepts and how it batches.
+
+    Attributes:
+        num_samples: posterior draws of a request that does not say.
+        max_batch_rows: rows of the merged requests of one pass (1: no batching).
+        max_wait_ms: milliseconds a request waits for others to join its pass.
+        max_request_rows: rows one request may hold (413 beyond).
+        max_body_bytes: bytes a request body may hold (413 beyond).
+    """
+
+    num_samples: int = 100
+    max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS
+    max_wait_ms: float = DEFAULT_MAX_WAIT_MS
+    max_request_rows: int = DEFAULT_MAX_REQUEST_ROWS
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES

@@ -1,0 +1,360 @@
+"""What the server computes: a run's posterior predictive for merged requests, split per request.
+
+``Service`` holds one run read back safely (``cli.rundir.read_run``: nothing named by the run's
+files is imported or executed) and answers ``/predict`` payloads already checked by
+``parse_sequences``. It runs only on the batcher's worker thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from probtransformer.cli.rundir import DIAGNOSTICS_FILE, Run
+from probtransformer.inference.inputs import out_of_range_message
+from probtransformer.inference.prediction import Prediction, RegressionPrediction, _entropy
+
+#: Units of every numeric field of a ``/predict`` row, by kind of prediction.
+CATEGORICAL_UNITS = {
+    "probs": "probability",
+    "probs_interval": "probability (equal-tailed interval over posterior draws)",
+    "entropy": "nats",
+    "aleatoric": "nats",
+    "epistemic": "nats",
+    "attention": "probability (attention weight over keys)",
+    "draws.probs": "probability",
+}
+REGRESSION_UNITS = {
+    "mean": "target units",
+    "std": "target units",
+    "interval": "target units (equal-tailed predictive interval, noise included)",
+    "aleatoric": "target units squared (variance)",
+    "epistemic": "target units squared (variance)",
+    "attention": "probability (attention weight over keys)",
+    "draws.loc": "target units",
+    "draws.variance": "target units squared (variance)",
+    "draws.samples": "target units",
+}
+
+
+class InvalidInput(ValueError):
+    """A request field the model cannot take (HTTP 422).
+
+    Attributes:
+        loc: the field's path, e.g. ``("body", "sequences", 3)``.
+    """
+
+    def __init__(self, loc: tuple, message: str) -> None:
+        super().__init__(message)
+        self.loc = loc
+
+
+@dataclasses.dataclass(frozen=True)
+class PredictPayload:
+    """One checked ``/predict`` request: ``x`` ``(n, T, F)`` or ``(n, T)``, ``mask`` or None."""
+
+    x: torch.Tensor
+    mask: torch.Tensor | None
+    num_samples: int
+    seed: int
+    interval: float
+    attention: bool
+    abstain_above: float | None
+    return_draws: bool
+
+    def key(self, merges: bool) -> tuple:
+        """Requests with equal keys share one pass: the same draws, flags and sequence length
+        (and a mask or none). Without ``merges`` every request is its own key."""
+        if not merges:
+            return (id(self),)
+        return (self.num_samples, self.seed, self.attention, self.x.shape[1:], self.mask is None)
+
+
+class Service:
+    """The served run.
+
+    Args:
+        run: the run directory read back.
+        num_samples: draws of a request that does not say (``/predict``'s default).
+
+    Attributes:
+        task: the task name (metrics.json's ``task``, or the model's).
+        tokens: the model reads token ids ``(N, T)`` (else features ``(N, T, F)``).
+        categorical: predictions are class probabilities (else regression values).
+        merges: concurrent requests may share a pass: checked at start on two training rows,
+            a row's prediction is the same alone as next to another row (False when rows draw
+            their own noise: regression samples, MC-dropout masks, stochastic attention).
+
+    Raises:
+        ValueError: the run's model does not read sequences (no ``max_len``).
+    """
+
+    def __init__(self, run: Run, *, num_samples: int) -> None:
+        from probtransformer.tasks import task_of
+
+        post = run.posterior
+        model = post.model
+        if not hasattr(model, "max_len"):
+            raise ValueError(
+                f"serve needs a run of a sequence model, got a {type(model).__name__} run"
+            )
+        self.run = run
+        self.post = post
+        self.model = model
+        self.num_samples = num_samples
+        self.task = run.record.get("task") or task_of(model).name
+        self.tokens = getattr(model, "vocab_size", None) is not None
+        self.vocab = getattr(model, "vocab", None)
+        self.class_names = run.record.get("class_names")
+        self.categorical, self.merges = self._probe()
+        self.units = CATEGORICAL_UNITS if self.categorical else REGRESSION_UNITS
+        self.diagnostics = _read_diagnostics(run.path / DIAGNOSTICS_FILE)
+
+    def _probe(self) -> tuple[bool, bool]:
+        """``(categorical, merges)`` from two training rows, 4 draws: row 1 alone and after
+        row 0 must give equal outputs (1e-6)."""
+        example = self.post.example
+        rows = example[:2] if len(example) >= 2 else example[[0, 0]]
+        both = self.post.predict(rows.x, rows.mask, num_samples=4, seed=0)
+        alone = self.post.predict(rows.x[1:], None if rows.mask is None else rows.mask[1:],
+                                  num_samples=4, seed=0)  # fmt: skip
+        fields = ("probs",) if isinstance(both, Prediction) else ("samples", "loc", "variance")
+        same = all(
+            torch.allclose(getattr(both, f)[:, 1:], getattr(alone, f), atol=1e-6, rtol=0)
+            for f in fields
+        )
+        return isinstance(both, Prediction), same
+
+    # -- requests -------------------------------------------------------------------------
+
+    def parse(self, body: Any) -> PredictPayload:
+        """A checked payload from a validated ``PredictRequest``.
+
+        Raises:
+            InvalidInput: sequences or mask the model cannot take, naming the field, what it
+                expected and what arrived; ``abstain_above`` for a regression run.
+        """
+        x = parse_sequences(body.sequences, self.model, tokens=self.tokens)
+        mask = None
+        if body.mask is not None:
+            mask = _array(body.mask, ("body", "mask"), "(N, T) booleans", kinds="b")
+            mask = torch.from_numpy(mask)
+        try:
+            self.model.validate(x, None, mask)
+        except (TypeError, ValueError) as e:
+            message = str(e)
+            field = "mask" if message.startswith("mask") else "sequences"
+            if message.startswith("x "):
+                message = "sequences " + message[2:]
+            raise InvalidInput(("body", field), message) from None
+        if body.abstain_above is not None and not self.categorical:
+            raise InvalidInput(
+                ("body", "abstain_above"),
+                f"abstain_above is an epistemic threshold in nats, for classification and "
+                f"tagging runs; this is a {self.task} run (epistemic variance in target units "
+                "squared): leave it out",
+            )
+        return PredictPayload(
+            x=x,
+            mask=mask,
+            num_samples=self.num_samples if body.num_samples is None else body.num_samples,
+            seed=body.seed,
+            interval=body.interval,
+            attention=body.attention,
+            abstain_above=body.abstain_above,
+            return_draws=body.return_draws,
+        )
+
+    def warnings(self, payload: PredictPayload) -> list[str]:
+        """Input problems that do not stop the prediction (features far outside the training
+        range)."""
+        message = out_of_range_message(payload.x, self.post.record.get("x_range"))
+        return [] if message is None else [message]
+
+    def predict_batch(self, payloads: list[PredictPayload]) -> list[dict]:
+        """The rows of each payload (which share draws and flags), from one merged pass."""
+        first = payloads[0]
+        x = torch.cat([p.x for p in payloads])
+        mask = None if first.mask is None else torch.cat([p.mask for p in payloads])
+        draws = self.post.draw(first.num_samples, seed=first.seed)
+        pred = self.post.predict(x, mask, seed=first.seed, draws=draws)
+        attention = None
+        if first.attention:
+            attention = self.post.attention(x, mask, seed=first.seed, draws=draws)
+        out, start = [], 0
+        for payload in payloads:
+            rows = slice(start, start + payload.x.shape[0])
+            start = rows.stop
+            out.append(self._rows(payload, pred, attention, rows))
+        return out
+
+    def _rows(self, payload: PredictPayload, pred, attention, rows: slice) -> list[dict]:
+        if isinstance(pred, Prediction):
+            rows_out = self._categorical_rows(payload, Prediction(pred.probs[:, rows]))
+        else:
+            part = RegressionPrediction(
+                pred.samples[:, rows], pred.loc[:, rows], pred.variance[:, rows]
+            )
+            rows_out = self._regression_rows(payload, part)
+        if attention is not None:
+            weights = attention.samples[:, :, rows].flatten(0, 1)  # (S, n, layer, head, q, k)
+            mean, sd = weights.mean(0), weights.std(0, correction=0)
+            for i, row in enumerate(rows_out):
+                row["attention"] = {"mean": mean[i].tolist(), "sd": sd[i].tolist()}
+        return rows_out
+
+    def _categorical_rows(self, payload: PredictPayload, pred: Prediction) -> list[dict]:
+        mean = pred.mean
+        predicted = pred.predicted
+        entropy = _entropy(mean)
+        aleatoric = _entropy(pred.probs).mean(0)
+        epistemic = (entropy - aleatoric).clamp(min=0.0)
+        lower, upper = pred.credible_interval(payload.interval)
+        labels = self.vocab if self.task == "language-modeling" else self.class_names
+        rows = []
+        for i in range(mean.shape[0]):
+            row = {
+                "probs": mean[i].tolist(),
+                "predicted": predicted[i].tolist(),
+                "entropy": entropy[i].tolist(),
+                "aleatoric": aleatoric[i].tolist(),
+                "epistemic": epistemic[i].tolist(),
+                "probs_interval": {
+                    "mass": payload.interval,
+                    "lower": lower[i].tolist(),
+                    "upper": upper[i].tolist(),
+                },
+            }
+            if labels is not None:
+                row["predicted_label"] = _labels(predicted[i], labels)
+            if payload.abstain_above is not None:
+                row["abstain"] = (epistemic[i] > payload.abstain_above).tolist()
+            if payload.return_draws:
+                row["draws"] = {"probs": pred.probs[:, i].tolist()}
+            rows.append(row)
+        return rows
+
+    def _regression_rows(self, payload: PredictPayload, pred: RegressionPrediction) -> list[dict]:
+        mean, std = pred.mean, pred.std
+        aleatoric, epistemic = pred.aleatoric, pred.epistemic
+        lower, upper = pred.predictive_interval(payload.interval)
+        rows = []
+        for i in range(mean.shape[0]):
+            row = {
+                "mean": mean[i].tolist(),
+                "std": std[i].tolist(),
+                "aleatoric": aleatoric[i].tolist(),
+                "epistemic": epistemic[i].tolist(),
+                "interval": {
+                    "mass": payload.interval,
+                    "lower": lower[i].tolist(),
+                    "upper": upper[i].tolist(),
+                },
+            }
+            if payload.return_draws:
+                row["draws"] = {
+                    "loc": pred.loc[:, i].tolist(),
+                    "variance": pred.variance[:, i].tolist(),
+                    "samples": pred.samples[:, i].tolist(),
+                }
+            rows.append(row)
+        return rows
+
+    # -- metadata -------------------------------------------------------------------------
+
+    def metadata(self) -> dict:
+        """What ``GET /metadata`` reports about the run (limits are added by the app)."""
+        model, record = self.model, self.run.record
+        if self.tokens:
+            shape = f"(N, T) int token ids in [0, {model.vocab_size}), T <= {model.max_len}"
+        else:
+            shape = f"(N, T, F={model.in_features}) floats, T <= {model.max_len}"
+        fit = {
+            key: value
+            for key, value in record.items()
+            if isinstance(value, str | int | float | bool) and key != "class_names"
+        }
+        return {
+            "task": self.task,
+            "model": type(model).__name__,
+            "input": {
+                "kind": "tokens" if self.tokens else "features",
+                "shape": shape,
+                "max_len": model.max_len,
+                "in_features": getattr(model, "in_features", None),
+                "vocab_size": getattr(model, "vocab_size", None),
+            },
+            "prediction": "categorical" if self.categorical else "regression",
+            "classes": self.class_names,
+            "vocabulary": self.vocab,
+            "training_range": self.post.record.get("x_range"),
+            "fit": fit,
+            "diagnostics": self.diagnostics,
+            "units": self.units,
+        }
+
+
+def parse_sequences(sequences: list, model, *, tokens: bool) -> torch.Tensor:
+    """``sequences`` (JSON arrays) as ``(N, T)`` int64 token ids or ``(N, T, F)`` float32.
+
+    Raises:
+        InvalidInput: ragged arrays, values that are not numbers (token ids: not integers).
+    """
+    loc = ("body", "sequences")
+    if tokens:
+        array = _array(sequences, loc, f"(N, T) integer token ids, T <= {model.max_len}", "iu")
+        if array.ndim != 2:
+            raise InvalidInput(loc, f"expected (N, T) token ids, got an array of shape "
+                               f"{array.shape}")  # fmt: skip
+        return torch.from_numpy(array.astype(np.int64))
+    expected = f"(N, T, F={model.in_features}) numbers, T <= {model.max_len}"
+    array = _array(sequences, loc, expected, "iuf")
+    if array.ndim != 3:
+        raise InvalidInput(loc, f"expected {expected}, got an array of shape {array.shape}")
+    with np.errstate(over="ignore"):
+        return torch.from_numpy(array.astype(np.float32))
+
+
+def _array(value: list, loc: tuple, expected: str, kinds: str) -> np.ndarray:
+    """``value`` as a rectangular NumPy array whose dtype kind is one of ``kinds``."""
+    try:
+        array = np.asarray(value)
+    except (ValueError, OverflowError):  # ragged (NumPy >= 1.24 refuses them)
+        array = np.asarray(value, dtype=object)
+    if array.dtype == object:
+        raise InvalidInput(
+            loc, f"expected {expected} as a rectangular array, got ragged rows or values that "
+            "are not numbers (pad to one length and send a mask)"
+        )  # fmt: skip
+    if array.dtype.kind not in kinds:
+        got = {"b": "booleans", "U": "strings", "f": "non-integer numbers"}.get(
+            array.dtype.kind, str(array.dtype)
+        )
+        raise InvalidInput(loc, f"expected {expected}, got {got}")
+    if array.size == 0:
+        raise InvalidInput(loc, f"expected {expected}, got an empty array of shape {array.shape}")
+    return array
+
+
+def _labels(index: torch.Tensor, labels: list[str]):
+    """The label (or nested list of labels) of ``index``."""
+    if index.dim() == 0:
+        return labels[int(index)]
+    return [labels[int(i)] for i in index]
+
+
+def _read_diagnostics(path: Path) -> dict | None:
+    """``ok``, ``verdict`` and ``warnings`` of the run's diagnostics.json, or None when the run
+    has none; an unreadable file is reported, not raised."""
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        return {key: data[key] for key in ("ok", "verdict", "warnings")}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return {"ok": None, "verdict": [], "warnings": [f"unreadable {path.name}: {e}"]}

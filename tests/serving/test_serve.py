@@ -1,0 +1,430 @@
+"""``probtransformer serve`` as a user meets it: the real server in a subprocess on a free port,
+small saved runs (the fixtures of ``tests/fixtures``), HTTP through httpx and the Python client.
+
+One digits server (with an API key and small limits) and one language-model server are shared
+by the module; the drain tests start their own.
+"""
+
+import concurrent.futures
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+from probtransformer.cli import main  # noqa: E402
+from probtransformer.cli.rundir import read_run, write_diagnostics  # noqa: E402
+from probtransformer.client import Client  # noqa: E402
+from probtransformer.datasets import load  # noqa: E402
+from probtransformer.models import generate  # noqa: E402
+
+FIXTURES = Path(__file__).parents[1] / "fixtures"
+KEY = "s3cret-key"
+HEADERS = {"Authorization": f"Bearer {KEY}"}
+MAX_ROWS = 16  # --max-request-rows of the digits server
+MAX_BODY = 65536  # --max-body-bytes of the digits server
+T, F = 8, 8
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A ``probtransformer serve`` subprocess, up once ``/health`` answers."""
+
+    def __init__(self, run_dir: Path, *options: str, env: dict | None = None) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        command = [sys.executable, "-m", "probtransformer.cli", "serve", str(run_dir)]
+        self.process = subprocess.Popen(
+            [*command, "--port", str(self.port), *options],
+            env={**os.environ, **(env or {})},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the server exited: {self.process.stdout.read()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                time.sleep(0.2)
+        self.stop()
+        raise RuntimeError("the server did not start within 90 s")
+
+    def stop(self, sig=signal.SIGTERM) -> str:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        try:
+            out, _ = self.process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            out, _ = self.process.communicate()
+        return out
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load("digits")
+
+
+@pytest.fixture(scope="module")
+def digits_run(tmp_path_factory, digits) -> Path:
+    """The saved tiny digits run, with the diagnostics.json fit writes today."""
+    run_dir = tmp_path_factory.mktemp("digits") / "run"
+    shutil.copytree(FIXTURES / "main-0fadaf9" / "run", run_dir)
+    post = read_run(run_dir).posterior
+    write_diagnostics(run_dir / "diagnostics.json", post, digits.train[:60], {"num_samples": 10})
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def lm_run(tmp_path_factory) -> Path:
+    """A run directory around the saved tiny character language model."""
+    run_dir = tmp_path_factory.mktemp("lm") / "run"
+    shutil.copytree(FIXTURES / "text-83eafce" / "CausalLM", run_dir / "posterior")
+    record = {"task": "language-modeling", "dataset": "pydoc-text", "seed": 0}
+    (run_dir / "metrics.json").write_text(json.dumps(record))
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def server(digits_run):
+    """Digits, with an API key, small limits and a 50 ms batching window."""
+    options = ["--api-key-env", "PT_TEST_KEY", "--max-request-rows", str(MAX_ROWS)]
+    options += ["--max-body-bytes", str(MAX_BODY), "--max-wait-ms", "50"]
+    server = Server(digits_run, *options, env={"PT_TEST_KEY": KEY})
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def lm_server(lm_run):
+    server = Server(lm_run)
+    yield server
+    server.stop()
+
+
+def _post(server, body, path="/predict", **kwargs):
+    kwargs.setdefault("headers", HEADERS)
+    return httpx.post(f"{server.url}{path}", json=body, timeout=60, **kwargs)
+
+
+def _still_serving(server) -> None:
+    answer = _post(server, {"sequences": [[[0.0] * F] * T], "num_samples": 2})
+    assert answer.status_code == 200, answer.text
+
+
+# -- endpoints ---------------------------------------------------------------------------------
+
+
+def test_health_metadata_and_docs(server):
+    assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
+    meta = httpx.get(f"{server.url}/metadata", headers=HEADERS).json()
+    assert meta["task"] == "classification" and meta["model"] == "SequenceClassifier"
+    assert meta["input"]["kind"] == "features" and meta["input"]["max_len"] == T
+    assert meta["classes"] == [str(c) for c in range(10)]
+    assert meta["training_range"] == [0.0, 1.0]
+    assert meta["fit"]["inference"] == "svi" and meta["fit"]["num_train"] == 60
+    assert isinstance(meta["diagnostics"]["ok"], bool) and meta["diagnostics"]["verdict"]
+    assert meta["limits"]["max_request_rows"] == MAX_ROWS
+    assert meta["batching"]["merges_requests"] is True
+    assert meta["units"]["epistemic"] == "nats"
+    schema = httpx.get(f"{server.url}/openapi.json").json()
+    assert {"/predict", "/generate", "/health", "/metadata"} <= set(schema["paths"])
+    fields = schema["components"]["schemas"]["PredictRequest"]["properties"]
+    assert "nats" in fields["abstain_above"]["description"]
+    assert httpx.get(f"{server.url}/docs").status_code == 200
+
+
+def test_predict_rows_match_the_posterior(server, digits_run, digits):
+    x = digits.test.x[:3]
+    body = {"sequences": x.tolist(), "num_samples": 8, "seed": 5, "interval": 0.8}
+    body |= {"attention": True, "abstain_above": 0.0, "return_draws": True}
+    answer = _post(server, body).json()
+    post = read_run(digits_run).posterior
+    pred = post.predict(x, num_samples=8, seed=5)
+    attention = post.attention(x, num_samples=8, seed=5)
+    lower, upper = pred.credible_interval(0.8)
+    assert answer["num_samples"] == 8 and answer["warnings"] == []
+    assert len(answer["rows"]) == 3
+    for i, row in enumerate(answer["rows"]):
+        assert torch.allclose(torch.tensor(row["probs"]), pred.mean[i], atol=1e-6)
+        assert row["predicted"] == int(pred.predicted[i])
+        assert row["predicted_label"] == str(int(pred.predicted[i]))
+        for name in ("entropy", "aleatoric", "epistemic"):
+            assert row[name] == pytest.approx(float(getattr(pred, name)[i]), abs=1e-6)
+        assert row["abstain"] == (float(pred.epistemic[i]) > 0.0)
+        assert torch.allclose(torch.tensor(row["probs_interval"]["lower"]), lower[i], atol=1e-6)
+        assert torch.allclose(torch.tensor(row["probs_interval"]["upper"]), upper[i], atol=1e-6)
+        assert torch.equal(torch.tensor(row["draws"]["probs"]), pred.probs[:, i])
+        mean = torch.tensor(row["attention"]["mean"])  # (layer, head, query, key)
+        assert torch.allclose(mean, attention.mean()[i], atol=1e-6)
+        assert torch.allclose(torch.tensor(row["attention"]["sd"]), attention.std()[i], atol=1e-6)
+
+
+def test_client_prediction_equals_posterior_predict(server, digits_run, digits):
+    x = digits.test.x[: MAX_ROWS + 4]  # over the request limit: sent in two pieces
+    with Client(server.url, api_key=KEY) as client:
+        served = client.predict(x, num_samples=6, seed=2)
+    expected = read_run(digits_run).posterior.predict(x, num_samples=6, seed=2)
+    assert served.probs.shape == expected.probs.shape == (6, len(x), 10)
+    assert torch.allclose(served.probs, expected.probs, atol=1e-6, rtol=0)
+
+
+def test_out_of_range_features_are_warned_about(server):
+    answer = _post(server, {"sequences": [[[50.0] * F] * T], "num_samples": 2}).json()
+    assert "preprocessed as in training" in answer["warnings"][0]
+
+
+def test_concurrent_requests_merge_and_each_equals_its_answer_alone(server, digits):
+    bodies = [
+        {"sequences": digits.test.x[i : i + 1 + i % 3].tolist(), "num_samples": 5, "seed": 1}
+        for i in range(12)
+    ]
+    bodies += [{**bodies[0], "seed": 2}]  # other draws: its own pass
+    passes = httpx.get(f"{server.url}/metadata", headers=HEADERS).json()["batching"]["passes"]
+    with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
+        together = list(pool.map(lambda b: _post(server, b).json(), bodies))
+    merged = httpx.get(f"{server.url}/metadata", headers=HEADERS).json()["batching"]["passes"]
+    assert merged - passes < len(bodies)  # some requests shared a pass
+    for body, answer in zip(bodies, together, strict=True):
+        alone = _post(server, body).json()
+        for row, expected in zip(answer["rows"], alone["rows"], strict=True):
+            assert torch.allclose(
+                torch.tensor(row["probs"]), torch.tensor(expected["probs"]), atol=1e-6, rtol=0
+            )
+            assert row["epistemic"] == pytest.approx(expected["epistemic"], abs=1e-6)
+
+
+# -- bad input -------------------------------------------------------------------------------
+
+ROW = [[0.5] * F] * T
+
+
+@pytest.mark.parametrize(
+    "body, field, words",
+    [
+        ({"sequences": [[0.5] * F]}, "sequences", "expected (N, T, F=8)"),
+        ({"sequences": [[[0.5] * 7] * T]}, "sequences", "F=8 features"),
+        ({"sequences": [[[0.5] * F] * (T + 1)]}, "sequences", "max_len=8"),
+        ({"sequences": [ROW, ROW[:4]]}, "sequences", "ragged"),
+        ({"sequences": [[["a"] * F] * T]}, "sequences", "strings"),
+        ({"sequences": [ROW], "mask": [[True] * 3]}, "mask", "shape (N, T)=(1, 8)"),
+        ({"sequences": [ROW], "mask": [[False] * T]}, "mask", "at least one real step"),
+        ({"sequences": [ROW], "mask": [[1] * T]}, "mask", "valid boolean"),
+        ({"sequences": [ROW], "num_samples": 0}, "num_samples", "greater than or equal to 1"),
+        ({"sequences": [ROW], "num_samples": 5000}, "num_samples", "less than or equal to 1000"),
+        ({"sequences": [ROW], "num_samples": 2.5}, "num_samples", "valid integer"),
+        ({"sequences": [ROW], "interval": 1.5}, "interval", "less than 1"),
+        ({"sequences": [ROW], "seed": -1}, "seed", "greater than or equal to 0"),
+        ({"sequences": [ROW], "num_sample": 3}, "num_sample", "Extra inputs"),
+        ({"sequences": []}, "sequences", "at least 1 item"),
+    ],
+)
+def test_malformed_requests_get_422_naming_the_field(server, body, field, words):
+    answer = _post(server, body)
+    assert answer.status_code == 422, answer.text
+    (error,) = answer.json()["detail"][:1]
+    assert field in error["loc"], error
+    assert words in error["msg"], error
+    _still_serving(server)
+
+
+def test_bad_json_and_nan_get_422(server):
+    headers = {**HEADERS, "Content-Type": "application/json"}
+    bad = httpx.post(
+        f"{server.url}/predict", content=b'{"sequences": [', headers=headers, timeout=10
+    )
+    assert bad.status_code == 422 and bad.json()["detail"][0]["type"] == "json_invalid"
+    row = json.dumps([[[float("nan")] * F] * T])  # Python's json writes NaN
+    content = ('{"sequences": ' + row + "}").encode()
+    nan = httpx.post(f"{server.url}/predict", content=content, headers=headers, timeout=10)
+    assert nan.status_code == 422 and "NaN or inf" in nan.json()["detail"][0]["msg"]
+    _still_serving(server)
+
+
+def test_abstain_above_must_be_finite(server):
+    content = b'{"sequences": [[[0.5]]], "abstain_above": Infinity}'
+    headers = {**HEADERS, "Content-Type": "application/json"}
+    answer = httpx.post(f"{server.url}/predict", content=content, headers=headers, timeout=10)
+    assert answer.status_code == 422 and answer.json()["detail"][0]["loc"][-1] == "abstain_above"
+
+
+@pytest.fixture(scope="module")
+def regression_run(tmp_path_factory) -> Path:
+    """A tiny forecasting-style run: a SequenceRegressor on a noisy sine, 20 SVI steps."""
+    from probtransformer.datasets import SequenceData
+    from probtransformer.inference import fit_svi
+    from probtransformer.models import SequenceRegressor
+
+    t = torch.arange(40.0)[:, None] + torch.arange(6.0)
+    x, y = torch.sin(t / 3)[:, :, None], torch.sin((t[:, -1] + 1) / 3)
+    model = SequenceRegressor(1, 6, d_model=8, num_heads=2, num_layers=1, d_ff=16)
+    post = fit_svi(model, SequenceData(x, y), num_steps=20, progress=False)
+    run_dir = tmp_path_factory.mktemp("regression") / "run"
+    post.save(run_dir / "posterior")
+    (run_dir / "metrics.json").write_text(json.dumps({"task": "forecasting"}))
+    return run_dir
+
+
+@pytest.mark.filterwarnings("ignore:Using `httpx`")
+def test_regression_runs_answer_alone_with_their_own_noise(regression_run):
+    """Each row draws its own predictive samples, so requests are not merged (the start-up
+    probe finds it); the answers are Posterior.predict's, intervals and draws included."""
+    from fastapi.testclient import TestClient
+
+    from probtransformer.serving import Limits, Service, create_app
+
+    service = Service(read_run(regression_run), num_samples=10)
+    assert not service.merges and not service.categorical
+    x = torch.sin(torch.arange(12.0).reshape(2, 6, 1))
+    with TestClient(create_app(service, Limits(num_samples=10))) as client:
+        body = {"sequences": x.tolist(), "seed": 4, "interval": 0.5, "return_draws": True}
+        answer = client.post("/predict", json=body).json()
+        refused = client.post("/predict", json={**body, "abstain_above": 0.1})
+    pred = read_run(regression_run).posterior.predict(x, num_samples=10, seed=4)
+    lower, upper = pred.predictive_interval(0.5)
+    assert answer["units"]["epistemic"] == "target units squared (variance)"
+    for i, row in enumerate(answer["rows"]):
+        assert row["mean"] == pytest.approx(float(pred.mean[i]), abs=1e-6)
+        assert row["epistemic"] == pytest.approx(float(pred.epistemic[i]), abs=1e-6)
+        assert row["interval"]["lower"] == pytest.approx(float(lower[i]), abs=1e-6)
+        assert row["interval"]["upper"] == pytest.approx(float(upper[i]), abs=1e-6)
+        assert torch.equal(torch.tensor(row["draws"]["samples"]), pred.samples[:, i])
+    assert refused.status_code == 422 and "forecasting run" in refused.json()["detail"][0]["msg"]
+
+
+# -- auth and limits ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"X-Key": KEY}])
+def test_a_missing_or_wrong_key_gets_401(server, headers):
+    answer = _post(server, {"sequences": [ROW]}, headers=headers)
+    assert answer.status_code == 401
+    assert httpx.get(f"{server.url}/metadata", headers=headers).status_code == 401
+    with pytest.raises(PermissionError, match="401"):
+        Client(server.url, api_key=headers.get("Authorization", "x")[7:] or None).metadata()
+
+
+def test_over_the_row_or_body_limit_gets_413(server):
+    rows = _post(server, {"sequences": [ROW] * (MAX_ROWS + 1)})
+    assert rows.status_code == 413 and f"at most {MAX_ROWS}" in rows.json()["detail"]
+    body = _post(server, {"sequences": [ROW] * 400})  # about 130 kB, Content-Length set
+    assert body.status_code == 413 and str(MAX_BODY) in body.json()["detail"]
+
+    def chunks():  # no Content-Length: counted as it arrives
+        yield b'{"sequences": ['
+        for _ in range(200):
+            yield json.dumps(ROW).encode() + b","
+        yield json.dumps(ROW).encode() + b"]}"
+
+    chunked = httpx.post(f"{server.url}/predict", content=chunks(), headers=HEADERS, timeout=10)
+    assert chunked.status_code == 413
+    _still_serving(server)
+
+
+# -- generation ----------------------------------------------------------------------------------
+
+
+def _events(response) -> list[tuple[str, dict]]:
+    events, kind = [], None
+    for line in response.text.splitlines():
+        if line.startswith("event: "):
+            kind = line[7:]
+        elif line.startswith("data: "):
+            events.append((kind, json.loads(line[6:])))
+    return events
+
+
+def test_generate_streams_the_tokens_of_generate(lm_server, lm_run):
+    body = {"prompt": "def f(x", "max_new_tokens": 6, "num_samples": 4, "seed": 3}
+    answer = httpx.post(f"{lm_server.url}/generate", json=body, timeout=60)
+    assert answer.headers["content-type"].startswith("text/event-stream")
+    events = _events(answer)
+    assert [kind for kind, _ in events] == ["token"] * 6 + ["done"]
+    expected = generate(read_run(lm_run).posterior, "def f(x", max_new_tokens=6, num_samples=4,
+                        seed=3)  # fmt: skip
+    tokens = [data for kind, data in events if kind == "token"]
+    assert [t["token_id"] for t in tokens] == expected.token_ids.tolist()
+    assert events[-1][1]["text"] == expected.text
+    for name in ("entropy", "aleatoric", "epistemic"):
+        got = torch.tensor([t[name] for t in tokens])
+        assert torch.allclose(got, getattr(expected, name), atol=1e-6)
+    streamed = list(Client(lm_server.url).generate("def f(x", max_new_tokens=6, num_samples=4,
+                                                   seed=3))  # fmt: skip
+    assert "".join(step.token for step in streamed) == expected.text
+
+
+def test_token_requests_are_checked_against_the_vocabulary(lm_server, lm_run):
+    vocab_size = read_run(lm_run).posterior.model.vocab_size
+    outside = _post(lm_server, {"sequences": [[0, vocab_size]]}, headers={})
+    assert outside.status_code == 422
+    assert f"token ids in [0, {vocab_size})" in outside.json()["detail"][0]["msg"]
+    floats = _post(lm_server, {"sequences": [[0.0, 1.5]]}, headers={})
+    assert floats.status_code == 422 and "non-integer" in floats.json()["detail"][0]["msg"]
+    prompt = httpx.post(f"{lm_server.url}/generate", json={"prompt": [vocab_size]}, timeout=10)
+    assert prompt.status_code == 422 and prompt.json()["detail"][0]["loc"] == ["body", "prompt"]
+    ok = _post(lm_server, {"sequences": [[1, 2, 3]], "num_samples": 2}, headers={}).json()
+    assert len(ok["rows"][0]["probs"]) == 3  # one distribution per step
+    assert len(ok["rows"][0]["predicted_label"]) == 3
+
+
+def test_generate_on_a_classification_run_is_404(server):
+    answer = _post(server, {"prompt": "abc"}, path="/generate")
+    assert answer.status_code == 404 and "language-model runs" in answer.json()["detail"]
+
+
+# -- safety ----------------------------------------------------------------------------------
+
+
+def test_a_crafted_run_executes_nothing_and_refuses_to_start(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    shutil.copytree(FIXTURES / "main-0fadaf9" / "run", run_dir)
+    marker = tmp_path / "pwned"
+    meta_file = run_dir / "posterior" / "posterior.json"
+    meta = json.loads(meta_file.read_text())
+    meta |= {"model_class": "os.system", "config": {"command": f"touch {marker}"}}
+    meta_file.write_text(json.dumps(meta))
+    assert main(["serve", str(run_dir), "--port", str(_free_port())]) == 2
+    assert not marker.exists()
+    assert "not a registered model class" in capsys.readouterr().err
+
+
+def test_an_unset_api_key_variable_refuses_to_start(digits_run, capsys, monkeypatch):
+    monkeypatch.delenv("PT_UNSET_KEY", raising=False)
+    assert main(["serve", str(digits_run), "--api-key-env", "PT_UNSET_KEY"]) == 2
+    assert "PT_UNSET_KEY" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_stopping_drains_the_requests_in_flight(digits_run, digits, sig):
+    """A request waiting in its 2-second batching window when the signal arrives is answered;
+    then the server exits."""
+    server = Server(digits_run, "--max-wait-ms", "2000")
+    body = {"sequences": digits.test.x[:2].tolist(), "num_samples": 3}
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(_post, server, body, headers={})
+        time.sleep(0.8)
+        output = server.stop(sig)
+        answer = pending.result()
+    assert answer.status_code == 200 and len(answer.json()["rows"]) == 2
+    assert server.process.returncode is not None
+    assert "Shutting down" in output

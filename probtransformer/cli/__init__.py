@@ -1,4 +1,4 @@
-"""Command-line interface: ``probtransformer fit | diagnose | predict | report | generate``.
+"""Command-line interface: ``probtransformer fit | diagnose | predict | report | generate | serve``.
 
 Commands:
     fit       Fit the model of the dataset's task (``datasets.load(name).meta["task"]``) by SVI,
@@ -75,6 +75,14 @@ Commands:
     generate  Text from a language-model run (``models.generate``): the prompt and its
               continuation, then each generated token's entropy split into aleatoric and
               epistemic parts (nats), as a table or a CSV file.
+    serve     Serve a run over HTTP (``probtransformer.serving``; the ``serve`` extra): ``POST
+              /predict`` (per row: probabilities or predictive mean, entropy split into
+              aleatoric and epistemic parts, intervals, abstention, attention, per-draw
+              values), ``POST /generate`` (language-model runs, server-sent events),
+              ``GET /health``, ``GET /metadata``, OpenAPI at ``/docs``. Binds 127.0.0.1 unless
+              told otherwise; ``--api-key-env`` requires a bearer key. Concurrent requests with
+              equal draws and flags share one vectorized pass (``serving.batcher``).
+              ``probtransformer.client.Client`` returns ``Posterior.predict``'s objects.
 
 Each task family is a ``probtransformer.tasks.Task`` (model, metrics, run files, report
 sections, input files); the commands here only call it. Model and fit options left unset take

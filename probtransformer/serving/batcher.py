@@ -88,13 +88,16 @@ class MicroBatcher:
 
     async def _serve(self) -> None:
         loop = asyncio.get_running_loop()
+        free_since = loop.time()
         while True:
             while not self._pending:
                 self._arrived.clear()
                 await self._arrived.wait()
             first = self._pending[0]
+            # the window opens when the request is there and the worker is free
+            deadline = max(first.arrived, free_since) + self.max_wait
             while self._rows_waiting(first.key) < self.max_rows:
-                remaining = first.arrived + self.max_wait - loop.time()
+                remaining = deadline - loop.time()
                 if remaining <= 0:
                     break
                 self._arrived.clear()
@@ -105,6 +108,7 @@ class MicroBatcher:
             batch = self._take(first.key)
             if batch:
                 outcomes = await loop.run_in_executor(self._worker, self._run, batch)
+                free_since = loop.time()
                 for request, (ok, value) in zip(batch, outcomes, strict=True):
                     if request.future.done():  # the client went away
                         continue

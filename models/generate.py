@@ -141,6 +141,8 @@ def prompt_ids(model: CausalLM, prompt) -> tuple[torch.Tensor, int]:
             "prompt must be a str or a 1-D list / tensor / numpy array of int token ids, got "
             f"{type(prompt).__name__}"
         )
+    if isinstance(prompt, list | tuple):
+        prompt = [_as_id(t) for t in prompt]
     if isinstance(prompt, list | tuple) and not all(
         isinstance(t, numbers.Integral | np.integer) and not isinstance(t, bool | np.bool_)
         for t in prompt
@@ -180,16 +182,25 @@ def prompt_ids(model: CausalLM, prompt) -> tuple[torch.Tensor, int]:
     return ids, 0
 
 
+def _as_id(t):
+    """A 0-d integer tensor or array as a Python int (a token id); anything else as it is."""
+    if isinstance(t, torch.Tensor | np.ndarray) and t.ndim == 0:
+        if np.asarray(t.cpu() if isinstance(t, torch.Tensor) else t).dtype.kind in "iu":
+            return int(t)
+    return t
+
+
 def _prompts(model: CausalLM, prompt) -> tuple[list, list[torch.Tensor], list[int], bool]:
     """The prompts one by one, their token ids, their counts of characters outside the
     vocabulary, and whether ``prompt`` was a batch (a list of prompts, or a 2-D tensor or array
     of token ids)."""
-    prompt_types = str | list | tuple | torch.Tensor | np.ndarray | pd.Series
-    if (
-        isinstance(prompt, list | tuple)
-        and prompt
-        and all(isinstance(p, prompt_types) for p in prompt)
-    ):
+
+    def is_prompt(p) -> bool:  # a 0-d tensor or array is a token id, not a prompt
+        if isinstance(p, torch.Tensor | np.ndarray):
+            return p.ndim >= 1
+        return isinstance(p, str | list | tuple | pd.Series)
+
+    if isinstance(prompt, list | tuple) and prompt and all(is_prompt(p) for p in prompt):
         items, batched = list(prompt), True
     elif isinstance(prompt, torch.Tensor | np.ndarray) and prompt.ndim == 2:
         items, batched = list(prompt), True

@@ -230,7 +230,13 @@ def _fit_svi(model, train, args: argparse.Namespace, guide: str | None, target: 
     """svi: ``fit_svi``; map, mc-dropout, ensemble: their ``MAP_FITS`` function (fit_svi's
     settings without ``guide``; ensemble: ``n_members`` too)."""
     from probtransformer import inference
+    from probtransformer.inference.engine import dropout_modules
 
+    if args.inference == "mc-dropout" and not dropout_modules(model):
+        raise CLIError(
+            "--inference mc-dropout needs dropout in the model: give --dropout P with 0 < P < 1 "
+            f"(this {type(model).__name__} has dropout {model.config.get('dropout')})"
+        )
     if args.inference in MAP_FITS:
         fit, specific = getattr(inference, MAP_FITS[args.inference]), dict(n_members=args.n_members)
     else:

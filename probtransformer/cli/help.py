@@ -80,8 +80,8 @@ class LibraryDefaultsFormatter(argparse.HelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if action.default is not None or not action.option_strings:
-            return text
+        if action.default is not None or not action.option_strings or "(default:" in text:
+            return text  # set, positional, or its help already says
         if self._mcmc and action.dest in MCMC_OPTIONS:
             parts = self._kernel_defaults(action.dest)
         else:

@@ -139,8 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     """
     parser = _Parser(
         prog=PROG,
-        description="Bayesian Transformers in Pyro: fit, diagnose, predict and report from the "
-        "shell.",
+        description="Bayesian Transformers in Pyro: fit, diagnose, predict, report, generate and "
+        "serve from the shell.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

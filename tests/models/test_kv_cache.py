@@ -256,3 +256,10 @@ def test_generate_stream_yields_the_tokens_of_generate_one_at_a_time(svi):
         generate_stream(svi, [[1, 2], [3]])
     with pytest.raises(ValueError, match="temperature"):
         generate_stream(svi, [1], temperature=0)  # checked at the call, not at the first step
+
+
+def test_a_list_of_0d_integer_tensors_is_one_prompt_of_ids(svi):
+    ids = [torch.tensor(1), np.int64(2), np.array(3)]
+    assert isinstance(generate(svi, ids, max_new_tokens=2, num_samples=2), Generation)
+    with pytest.raises(TypeError, match="must hold ints"):
+        generate(svi, [torch.tensor(1.5)], max_new_tokens=2)

@@ -861,14 +861,26 @@ def test_checkpointed_fit_resumes_to_the_same_run(tmp_path, capsys, one_error_li
 def test_missing_command_and_help(capsys, one_error_line):
     assert main([]) == 2
     assert "COMMAND" in one_error_line(capsys)
-    done = subprocess.run(
-        [sys.executable, "-m", "probtransformer.cli", "--help"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    assert all(command in done.stdout for command in ("fit", "diagnose", "predict"))
+    for module in ("probtransformer.cli", "probtransformer"):  # torchrun -m needs the second
+        done = subprocess.run(
+            [sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+        commands = ("fit", "diagnose", "predict", "report", "generate", "serve")
+        assert all(command in done.stdout for command in commands)
+
+
+def test_an_option_whose_help_names_its_default_shows_it_once(capsys):
+    assert main(["fit", "--help"]) == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "checkpoint directory (default: OUT.checkpoint) --resume-from" in help_text
+
+
+def test_mc_dropout_without_dropout_names_the_option(tmp_path, monkeypatch, capsys, one_error_line):
+    monkeypatch.chdir(tmp_path)
+    assert main(["fit", "--inference", "mc-dropout", "--dropout", "0", *TINY]) == 2
+    assert "give --dropout P with 0 < P < 1" in one_error_line(capsys)
+    assert not (tmp_path / "runs").exists()
 
 
 def test_fit_attention_prior_flags_build_the_model_and_the_report_shows_head_gates(tmp_path):

@@ -72,9 +72,10 @@ def _filter(probs: torch.Tensor, temperature: float, top_k: int | None, top_p: f
     Top-p keeps the smallest set of most probable tokens whose mass reaches ``top_p`` (Holtzman
     et al. 2020, "The Curious Case of Neural Text Degeneration").
     """
-    log_probs = probs.clamp_min(1e-30).log()
+    log_probs = probs.clamp_min(1e-30).log().double()
     # the largest log-probability is 0 before the division: no overflow at any temperature > 0
-    probs = torch.softmax((log_probs - log_probs.max()) / temperature, -1)
+    # (in float64, where a temperature as small as 1e-300 is not 0)
+    probs = torch.softmax((log_probs - log_probs.max()) / temperature, -1).to(probs.dtype)
     if top_k is not None and top_k < probs.shape[-1]:
         kth = probs.topk(top_k).values[-1]
         probs = probs.where(probs >= kth, 0.0)

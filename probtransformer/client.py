@@ -47,9 +47,14 @@ class Client:
             ``--api-key-env``).
         timeout: seconds to wait for an answer.
 
-    Errors of a request: ``ValueError`` for what the server refused (422, 413, 404: its message
-    names the field, what was expected and what arrived), ``PermissionError`` for 401,
-    ``ServerError`` for 5xx, ``ConnectionError`` when the server cannot be reached.
+    Errors of a request: ``ValueError`` for what the server refused (422, 413, 415, 404: its
+    message names the field, what was expected and what arrived), ``PermissionError`` for 401,
+    ``ServerError`` for 5xx, ``ConnectionError`` when the server cannot be reached,
+    ``TimeoutError`` when it does not answer within ``timeout``.
+
+    Raises:
+        ImportError: httpx is missing.
+        ValueError: an empty ``api_key`` or one with whitespace at its ends.
     """
 
     def __init__(
@@ -61,6 +66,9 @@ class Client:
             raise ImportError(
                 "the client needs httpx: pip install 'probtransformer[serve]'"
             ) from None
+        if api_key is not None and (not api_key or api_key != api_key.strip()
+                                    or not api_key.isprintable()):  # fmt: skip
+            raise ValueError("api_key must be a non-empty key without whitespace at its ends")
         headers = {} if api_key is None else {"Authorization": f"Bearer {api_key}"}
         self._http = httpx.Client(base_url=url, headers=headers, timeout=timeout)
         self._httpx = httpx
@@ -100,7 +108,12 @@ class Client:
         body = {"sequences": _as_list(x), **options}
         if mask is not None:
             body["mask"] = _as_list(mask)
-        return self._request("POST", "/predict", json=body)
+        try:
+            content = json.dumps(body, allow_nan=False)
+        except ValueError:
+            raise ValueError("x holds NaN or inf values, which JSON cannot carry") from None
+        headers = {"Content-Type": "application/json"}
+        return self._request("POST", "/predict", content=content, headers=headers)
 
     def predict(
         self, x, mask=None, *, num_samples: int = 100, seed: int = 0
@@ -119,6 +132,8 @@ class Client:
         """
         limit = (self._metadata or self.metadata())["limits"]["max_request_rows"]
         n = len(x)
+        if n == 0:
+            raise ValueError("x must hold at least one sequence, got 0 rows")
         rows = []
         for start in range(0, n, limit):
             some = mask[start : start + limit] if mask is not None else None
@@ -149,7 +164,7 @@ class Client:
             ValueError, PermissionError, ServerError, ConnectionError: see ``Client``; a
             ``ServerError`` too when the generation fails midway.
         """
-        body = {"prompt": prompt, **options}
+        body = {"prompt": _as_list(prompt), **options}
         with self._connected():
             with self._http.stream("POST", "/generate", json=body) as response:
                 if response.status_code != 200:
@@ -181,6 +196,8 @@ class Client:
         """``ConnectionError`` (naming the URL) for a server that cannot be reached."""
         try:
             yield
+        except self._httpx.TimeoutException as e:
+            raise TimeoutError(f"no answer from {self._http.base_url} in time: {e}") from e
         except self._httpx.TransportError as e:
             raise ConnectionError(f"cannot reach the server at {self._http.base_url}: {e}") from e
 

@@ -93,6 +93,18 @@ _positive_int = _int_at_least(1)
 _non_negative_int = _int_at_least(0)
 
 
+def _int_in(low: int, high: int) -> Callable[[str], int]:
+    """argparse type: an integer in ``[low, high]``."""
+
+    def parse(text: str) -> int:
+        value = _int_at_least(low)(text)
+        if value > high:
+            raise argparse.ArgumentTypeError(f"expected an integer <= {high}, got {text!r}")
+        return value
+
+    return parse
+
+
 def _non_negative_float(text: str) -> float:
     """argparse type: a finite number >= 0."""
     try:
@@ -444,7 +456,9 @@ def build_parser() -> argparse.ArgumentParser:
         DEFAULT_MAX_BATCH_ROWS,
         DEFAULT_MAX_BODY_BYTES,
         DEFAULT_MAX_REQUEST_ROWS,
+        DEFAULT_MAX_RESPONSE_BYTES,
         DEFAULT_MAX_WAIT_MS,
+        MAX_NUM_SAMPLES,
     )
 
     serve = _run_command(
@@ -462,11 +476,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
     serve.add_argument(
-        "--port", type=_int_at_least(0), default=8000, help="port to bind (default: %(default)s)"
+        "--port", type=_int_in(1, 65535), default=8000, help="port to bind (default: %(default)s)"
     )
     serve.add_argument(
         "--num-samples",
-        type=_positive_int,
+        type=_int_in(1, MAX_NUM_SAMPLES),
         default=100,
         metavar="S",
         help="posterior draws of a request that does not say (default: %(default)s)",
@@ -498,6 +512,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_MAX_BODY_BYTES,
         metavar="B",
         help="bytes one request body may hold, 413 beyond (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--max-response-bytes",
+        type=_positive_int,
+        default=DEFAULT_MAX_RESPONSE_BYTES,
+        metavar="B",
+        help="bytes of JSON one answer may hold, estimated before computing it; 413 beyond "
+        "(default: %(default)s)",
     )
     serve.add_argument(
         "--api-key-env",

@@ -40,20 +40,29 @@ def run(args: argparse.Namespace) -> None:
             raise CLIError(
                 f"--api-key-env {args.api_key_env}: that environment variable is unset or empty"
             )
+        if api_key != api_key.strip() or not api_key.isprintable():
+            raise CLIError(
+                f"--api-key-env {args.api_key_env}: the key has surrounding whitespace or "
+                "control characters, which no HTTP header can carry; remove them"
+            )
     elif not _loopback(args.host):
         warn(f"serving on {args.host} without --api-key-env: anyone who reaches it may use it")
     service = Service(read_run(args.run_dir), num_samples=args.num_samples)
+    if service.diagnostics is not None and service.diagnostics["ok"] is None:
+        warn(service.diagnostics["warnings"][0])
     limits = Limits(
         num_samples=args.num_samples,
         max_batch_rows=args.max_batch_rows,
         max_wait_ms=args.max_wait_ms,
         max_request_rows=args.max_request_rows,
         max_body_bytes=args.max_body_bytes,
+        max_response_bytes=args.max_response_bytes,
     )
     app = create_app(service, limits, api_key=api_key)
+    host = f"[{args.host}]" if ":" in args.host else args.host  # IPv6 in a URL
     print(
         f"{PROG}: serving {args.run_dir} ({service.task}, {type(service.model).__name__}); "
-        f"docs at http://{args.host}:{args.port}/docs",
+        f"docs at http://{host}:{args.port}/docs",
         file=sys.stderr,
         flush=True,
     )
@@ -64,9 +73,12 @@ def run(args: argparse.Namespace) -> None:
         log_level="info",
         timeout_graceful_shutdown=DRAIN_SECONDS,
     )
+    server = uvicorn.Server(config)
     try:
-        uvicorn.Server(config).run()
+        server.run()
     except KeyboardInterrupt:
+        if server.force_exit:  # a second Ctrl-C
+            raise KeyboardInterrupt("stopped at once; requests in flight were dropped") from None
         raise KeyboardInterrupt("stopped; the requests in flight were answered") from None
 
 

@@ -19,19 +19,16 @@ from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.encoders import jsonable_encoder
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from probtransformer.serving.batcher import MicroBatcher
-from probtransformer.serving.limits import Limits
+from probtransformer.serving.limits import MAX_NEW_TOKENS, MAX_NUM_SAMPLES, SEED_MAX, Limits
 from probtransformer.serving.service import InvalidInput, Service
-
-MAX_NUM_SAMPLES = 1000
-MAX_NEW_TOKENS = 1024
-SEED_MAX = 2**63 - 1
-
 
 # -- request and response schemas ---------------------------------------------------------------
 
@@ -54,7 +51,7 @@ class PredictRequest(BaseModel):
         description="N sequences of one length T <= max_len: (N, T, F) numbers (features) or "
         "(N, T) int token ids, as GET /metadata's input.shape says",
     )
-    mask: list[list[StrictBool]] | None = Field(
+    mask: list[list[Any]] | None = Field(
         None, description="(N, T) booleans, true = real step (default: every step real)"
     )
     num_samples: NumSamples = None
@@ -121,6 +118,25 @@ BearerCredentials = Annotated[
 ]
 
 
+#: FastAPI's 400 for a body it could not read (too deep, numbers too long, not UTF-8).
+UNPARSED_BODY = "There was an error parsing the body"
+#: Seconds between checks that the client of a queued request is still there.
+DISCONNECT_POLL_SECONDS = 0.1
+
+
+def _json_body(request: Request) -> None:
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/json":
+        raise HTTPException(
+            415,
+            f"send the body as JSON with the header 'Content-Type: application/json', got "
+            f"{kind or 'no Content-Type'}",
+        )
+
+
+JSON_BODY = Depends(_json_body)
+
+
 # -- the app ---------------------------------------------------------------------------------
 
 
@@ -167,6 +183,15 @@ def create_app(service: Service, limits: Limits | None = None, *, api_key: str |
                 headers={"WWW-Authenticate": "Bearer"},
             )
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException):
+        if error.status_code == 400 and error.detail == UNPARSED_BODY:  # FastAPI's own
+            cause = error.__cause__
+            detail = [{"type": "json_invalid", "loc": ["body"], "msg": f"the body is not JSON "
+                       f"that this server can read: {type(cause).__name__}: {cause}"}]  # fmt: skip
+            return JSONResponse({"detail": detail}, 422)
+        return await http_exception_handler(request, error)
+
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, error: RequestValidationError):
         detail = [{**item, "input": _echo(item.get("input"))} for item in error.errors()]
@@ -177,7 +202,7 @@ def create_app(service: Service, limits: Limits | None = None, *, api_key: str |
         detail = [{"type": "value_error", "loc": list(error.loc), "msg": str(error)}]
         return JSONResponse({"detail": detail}, status_code=422)
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> dict:
         """``{"status": "ok"}`` while the server takes requests."""
         return {"status": "ok"}
@@ -198,13 +223,15 @@ def create_app(service: Service, limits: Limits | None = None, *, api_key: str |
             "batching": {
                 "max_batch_rows": limits.max_batch_rows,
                 "max_wait_ms": limits.max_wait_ms,
-                "merges_requests": service.merges,
+                "merges_requests": service.merges and limits.max_batch_rows > 1,
                 "passes": batcher.batches,
             },
         }
 
-    @app.post("/predict", response_model=PredictResponse, dependencies=[Depends(authorized)])
-    async def predict(body: PredictRequest):
+    @app.post(
+        "/predict", response_model=PredictResponse, dependencies=[Depends(authorized), JSON_BODY]
+    )
+    async def predict(body: PredictRequest, request: Request):
         """Posterior predictive of each sequence, with its uncertainty (see the schema)."""
         rows = len(body.sequences)
         if rows > limits.max_request_rows:
@@ -214,9 +241,23 @@ def create_app(service: Service, limits: Limits | None = None, *, api_key: str |
                 f"{limits.max_request_rows} per request (split the request)",
             )
         payload = service.parse(body)
+        size = service.answer_bytes(payload)
+        if size > limits.max_response_bytes:
+            raise HTTPException(
+                413,
+                f"the answer would hold about {size / 2**20:.0f} MiB of JSON; this server sends "
+                f"at most {limits.max_response_bytes / 2**20:.0f} MiB: ask for fewer rows, "
+                "fewer draws, or no draws or attention",
+            )
         key = payload.key(service.merges and limits.max_batch_rows > 1)
+        answer = asyncio.ensure_future(batcher.submit(key, payload, rows))
+        while not answer.done():  # a request whose client left is dropped from the queue
+            await asyncio.wait({answer}, timeout=DISCONNECT_POLL_SECONDS)
+            if not answer.done() and await request.is_disconnected():
+                answer.cancel()
+                raise HTTPException(499, "the client went away")
         try:
-            out = await batcher.submit(key, payload, rows)
+            out = answer.result()
         except (TypeError, ValueError) as e:  # the model refused the input
             raise InvalidInput(("body", "sequences"), str(e)) from None
         return JSONResponse(
@@ -230,7 +271,7 @@ def create_app(service: Service, limits: Limits | None = None, *, api_key: str |
             }
         )
 
-    @app.post("/generate", dependencies=[Depends(authorized)])
+    @app.post("/generate", dependencies=[Depends(authorized), JSON_BODY])
     async def generate(body: GenerateRequest, request: Request):
         """Text after ``prompt``, streamed as server-sent events: one ``token`` event per new
         token (``index``, ``token_id``, ``token``, and ``entropy``, ``aleatoric``,

@@ -10,6 +10,12 @@ DEFAULT_MAX_BATCH_ROWS = 64  # a 64-row digits pass at S=100 takes about 0.3 s o
 DEFAULT_MAX_WAIT_MS = 5.0  # a lone request waits at most this long for others
 DEFAULT_MAX_REQUEST_ROWS = 1024
 DEFAULT_MAX_BODY_BYTES = 16 * 2**20
+#: An answer may hold about this many bytes of JSON (413 beyond, before computing it): per-draw
+#: values and attention of many rows grow fast (50 rows x 1,000 draws with both: 12 MB).
+DEFAULT_MAX_RESPONSE_BYTES = 64 * 2**20
+MAX_NUM_SAMPLES = 1000
+MAX_NEW_TOKENS = 1024
+SEED_MAX = 2**63 - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,6 +28,8 @@ class Limits:
         max_wait_ms: milliseconds a request waits for others to join its pass.
         max_request_rows: rows one request may hold (413 beyond).
         max_body_bytes: bytes a request body may hold (413 beyond).
+        max_response_bytes: bytes of JSON an answer may hold, estimated before computing it
+            (413 beyond).
     """
 
     num_samples: int = 100
@@ -29,3 +37,4 @@ class Limits:
     max_wait_ms: float = DEFAULT_MAX_WAIT_MS
     max_request_rows: int = DEFAULT_MAX_REQUEST_ROWS
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES

@@ -46,6 +46,10 @@ REGRESSION_UNITS = {
 }
 
 
+#: How to send sequences of several lengths in one request.
+PAD_HINT = " (pad the sequences to one length and send a mask)"
+
+
 class InvalidInput(ValueError):
     """A request field the model cannot take (HTTP 422).
 
@@ -122,7 +126,7 @@ class Service:
 
     def _probe(self) -> tuple[bool, bool]:
         """``(categorical, merges)`` from two training rows, 4 draws: row 1 alone and after
-        row 0 must give equal outputs (1e-6)."""
+        row 0 must give equal outputs (1e-6). Also keeps the sizes ``answer_bytes`` reads."""
         example = self.post.example
         rows = example[:2] if len(example) >= 2 else example[[0, 0]]
         both = self.post.predict(rows.x, rows.mask, num_samples=4, seed=0)
@@ -133,6 +137,12 @@ class Service:
             torch.allclose(getattr(both, f)[:, 1:], getattr(alone, f), atol=1e-6, rtol=0)
             for f in fields
         )
+        out = getattr(both, fields[0])[0, 0]  # one row's prediction of one draw
+        self._row_values = out.numel() // (rows.x.shape[1] if self.tokens else 1)
+        weights = self.post.attention(rows.x[:1], None if rows.mask is None else rows.mask[:1],
+                                      num_samples=1).samples  # fmt: skip
+        *_, layers, heads, queries, keys = weights.shape
+        self._attention = (layers * heads, queries - rows.x.shape[1], keys - rows.x.shape[1])
         return isinstance(both, Prediction), same
 
     # -- requests -------------------------------------------------------------------------
@@ -176,10 +186,23 @@ class Service:
         )
 
     def warnings(self, payload: PredictPayload) -> list[str]:
-        """Input problems that do not stop the prediction (features far outside the training
-        range)."""
-        message = out_of_range_message(payload.x, self.post.record.get("x_range"))
+        """Input problems that do not stop the prediction (features of real steps far outside
+        the training range)."""
+        x = payload.x if payload.mask is None else payload.x[payload.mask]
+        message = out_of_range_message(x, self.post.record.get("x_range"))
         return [] if message is None else [message]
+
+    def answer_bytes(self, payload: PredictPayload) -> int:
+        """About how many bytes of JSON the answer to ``payload`` holds (20 per number)."""
+        rows, steps = payload.x.shape[:2]
+        out = self._row_values * (steps if self.tokens else 1)
+        values = 8 * out  # the summaries and the interval
+        if payload.return_draws:
+            values += payload.num_samples * out * (1 if self.categorical else 3)
+        if payload.attention:
+            pairs, extra_queries, extra_keys = self._attention
+            values += 2 * pairs * (steps + extra_queries) * (steps + extra_keys)
+        return 20 * rows * values
 
     def predict_batch(self, payloads: list[PredictPayload]) -> list[list[dict]]:
         """The rows of each payload (which share draws and flags), from one merged pass; every
@@ -277,7 +300,7 @@ class Service:
             "prediction": "categorical" if self.categorical else "regression",
             "classes": self.class_names,
             "vocabulary": self.vocab,
-            "training_range": self.post.record.get("x_range"),
+            "training_range": None if self.tokens else self.post.record.get("x_range"),
             "fit": fit,
             "diagnostics": self.diagnostics,
             "units": self.units,
@@ -292,20 +315,24 @@ def parse_sequences(sequences: list, model, *, tokens: bool) -> torch.Tensor:
     """
     loc = ("body", "sequences")
     if tokens:
-        array = _array(sequences, loc, f"(N, T) integer token ids, T <= {model.max_len}", "iu")
+        expected = f"(N, T) integer token ids, T <= {model.max_len}"
+        array = _array(sequences, loc, expected, "iu", PAD_HINT)
         if array.ndim != 2:
             raise InvalidInput(loc, f"expected (N, T) token ids, got an array of shape "
                                f"{array.shape}")  # fmt: skip
         return torch.from_numpy(array.astype(np.int64))
     expected = f"(N, T, F={model.in_features}) numbers, T <= {model.max_len}"
-    array = _array(sequences, loc, expected, "iuf")
+    array = _array(sequences, loc, expected, "iuf", PAD_HINT)
     if array.ndim != 3:
         raise InvalidInput(loc, f"expected {expected}, got an array of shape {array.shape}")
-    with np.errstate(over="ignore"):
-        return torch.from_numpy(array.astype(np.float32))
+    finite = np.isfinite(array)
+    if finite.all() and np.abs(array).max() > np.finfo(np.float32).max:
+        raise InvalidInput(loc, "expected numbers within float32's range (about ±3.4e38), "
+                           f"got {np.abs(array).max():.3g}")  # fmt: skip
+    return torch.from_numpy(array.astype(np.float32))
 
 
-def _array(value: list, loc: tuple, expected: str, kinds: str) -> np.ndarray:
+def _array(value: list, loc: tuple, expected: str, kinds: str, hint: str = "") -> np.ndarray:
     """``value`` as a rectangular NumPy array whose dtype kind is one of ``kinds``."""
     try:
         array = np.asarray(value)
@@ -313,13 +340,12 @@ def _array(value: list, loc: tuple, expected: str, kinds: str) -> np.ndarray:
         array = np.asarray(value, dtype=object)
     if array.dtype == object:
         raise InvalidInput(
-            loc, f"expected {expected} as a rectangular array, got ragged rows or values that "
-            "are not numbers (pad to one length and send a mask)"
+            loc, f"expected {expected} as a rectangular array, got ragged rows or values of "
+            f"mixed or unsupported types{hint}"
         )  # fmt: skip
     if array.dtype.kind not in kinds:
-        got = {"b": "booleans", "U": "strings", "f": "non-integer numbers"}.get(
-            array.dtype.kind, str(array.dtype)
-        )
+        names = {"b": "booleans", "U": "strings", "f": "floating-point numbers", "i": "integers"}
+        got = names.get(array.dtype.kind, str(array.dtype))
         raise InvalidInput(loc, f"expected {expected}, got {got}")
     if array.size == 0:
         raise InvalidInput(loc, f"expected {expected}, got an empty array of shape {array.shape}")
@@ -341,5 +367,8 @@ def _read_diagnostics(path: Path) -> dict | None:
     try:
         data = json.loads(path.read_text())
         return {key: data[key] for key in ("ok", "verdict", "warnings")}
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        return {"ok": None, "verdict": [], "warnings": [f"unreadable {path.name}: {e}"]}
+    except KeyError as e:
+        problem = f"it lacks {e}"
+    except (OSError, ValueError, TypeError) as e:
+        problem = str(e)
+    return {"ok": None, "verdict": [], "warnings": [f"unreadable {path}: {problem}"]}

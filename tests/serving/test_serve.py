@@ -34,6 +34,7 @@ KEY = "s3cret-key"
 HEADERS = {"Authorization": f"Bearer {KEY}"}
 MAX_ROWS = 16  # --max-request-rows of the digits server
 MAX_BODY = 65536  # --max-body-bytes of the digits server
+MAX_ANSWER = 200_000  # --max-response-bytes of the digits server
 T, F = 8, 8
 
 
@@ -110,6 +111,7 @@ def server(digits_run):
     """Digits, with an API key, small limits and a 50 ms batching window."""
     options = ["--api-key-env", "PT_TEST_KEY", "--max-request-rows", str(MAX_ROWS)]
     options += ["--max-body-bytes", str(MAX_BODY), "--max-wait-ms", "50"]
+    options += ["--max-response-bytes", str(MAX_ANSWER)]
     server = Server(digits_run, *options, env={"PT_TEST_KEY": KEY})
     yield server
     server.stop()
@@ -180,6 +182,16 @@ def test_predict_rows_match_the_posterior(server, digits_run, digits):
         assert torch.allclose(torch.tensor(row["attention"]["sd"]), attention.std()[i], atol=1e-6)
 
 
+def test_client_refuses_empty_and_non_finite_inputs(server):
+    with Client(server.url, api_key=KEY) as client:
+        with pytest.raises(ValueError, match="at least one sequence"):
+            client.predict(torch.zeros(0, T, F))
+        with pytest.raises(ValueError, match="NaN or inf"):
+            client.predict(torch.full((1, T, F), float("nan")))
+    with pytest.raises(ValueError, match="api_key"):
+        Client(server.url, api_key="k3y\n")
+
+
 def test_client_prediction_equals_posterior_predict(server, digits_run, digits):
     x = digits.test.x[: MAX_ROWS + 4]  # over the request limit: sent in two pieces
     with Client(server.url, api_key=KEY) as client:
@@ -229,7 +241,9 @@ ROW = [[0.5] * F] * T
         ({"sequences": [[["a"] * F] * T]}, "sequences", "strings"),
         ({"sequences": [ROW], "mask": [[True] * 3]}, "mask", "shape (N, T)=(1, 8)"),
         ({"sequences": [ROW], "mask": [[False] * T]}, "mask", "at least one real step"),
-        ({"sequences": [ROW], "mask": [[1] * T]}, "mask", "valid boolean"),
+        ({"sequences": [ROW], "mask": [[1] * T]}, "mask", "booleans, got integers"),
+        ({"sequences": [ROW], "mask": [[True] * T, [True]]}, "mask", "ragged"),
+        ({"sequences": [[[1e300] * F] * T]}, "sequences", "float32's range"),
         ({"sequences": [ROW], "num_samples": 0}, "num_samples", "greater than or equal to 1"),
         ({"sequences": [ROW], "num_samples": 5000}, "num_samples", "less than or equal to 1000"),
         ({"sequences": [ROW], "num_samples": 2.5}, "num_samples", "valid integer"),
@@ -258,6 +272,11 @@ def test_bad_json_and_nan_get_422(server):
     content = ('{"sequences": ' + row + "}").encode()
     nan = httpx.post(f"{server.url}/predict", content=content, headers=headers, timeout=10)
     assert nan.status_code == 422 and "NaN or inf" in nan.json()["detail"][0]["msg"]
+    long_number = b'{"sequences": [[[1' + b"1" * 5000 + b"]]]}"  # beyond Python's int digits
+    long = httpx.post(f"{server.url}/predict", content=long_number, headers=headers, timeout=10)
+    assert long.status_code == 422 and "not JSON that this server can read" in long.text
+    plain = httpx.post(f"{server.url}/predict", content=b"{}", headers=HEADERS, timeout=10)
+    assert plain.status_code == 415 and "Content-Type: application/json" in plain.text
     _still_serving(server)
 
 
@@ -338,6 +357,8 @@ def test_over_the_row_or_body_limit_gets_413(server):
 
     chunked = httpx.post(f"{server.url}/predict", content=chunks(), headers=HEADERS, timeout=10)
     assert chunked.status_code == 413
+    answer = _post(server, {"sequences": [ROW] * 8, "num_samples": 1000, "return_draws": True})
+    assert answer.status_code == 413 and "fewer draws" in answer.json()["detail"]
     _still_serving(server)
 
 
@@ -379,7 +400,7 @@ def test_token_requests_are_checked_against_the_vocabulary(lm_server, lm_run):
     assert outside.status_code == 422
     assert f"token ids in [0, {vocab_size})" in outside.json()["detail"][0]["msg"]
     floats = _post(lm_server, {"sequences": [[0.0, 1.5]]}, headers={})
-    assert floats.status_code == 422 and "non-integer" in floats.json()["detail"][0]["msg"]
+    assert floats.status_code == 422 and "got floating-point" in floats.json()["detail"][0]["msg"]
     prompt = httpx.post(f"{lm_server.url}/generate", json={"prompt": [vocab_size]}, timeout=10)
     assert prompt.status_code == 422 and prompt.json()["detail"][0]["loc"] == ["body", "prompt"]
     ok = _post(lm_server, {"sequences": [[1, 2, 3]], "num_samples": 2}, headers={}).json()
@@ -408,10 +429,23 @@ def test_a_crafted_run_executes_nothing_and_refuses_to_start(tmp_path, capsys):
     assert "not a registered model class" in capsys.readouterr().err
 
 
-def test_an_unset_api_key_variable_refuses_to_start(digits_run, capsys, monkeypatch):
-    monkeypatch.delenv("PT_UNSET_KEY", raising=False)
-    assert main(["serve", str(digits_run), "--api-key-env", "PT_UNSET_KEY"]) == 2
-    assert "PT_UNSET_KEY" in capsys.readouterr().err
+@pytest.mark.parametrize(
+    "key, words", [(None, "unset or empty"), ("", "unset or empty"), (" k3y", "whitespace")]
+)
+def test_an_unusable_api_key_refuses_to_start(digits_run, capsys, monkeypatch, key, words):
+    monkeypatch.delenv("PT_KEY", raising=False)
+    if key is not None:
+        monkeypatch.setenv("PT_KEY", key)
+    assert main(["serve", str(digits_run), "--api-key-env", "PT_KEY"]) == 2
+    assert words in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "option, words", [("--port=70000", "<= 65535"), ("--num-samples=5000", "<= 1000")]
+)
+def test_out_of_range_options_are_refused(digits_run, capsys, option, words):
+    assert main(["serve", str(digits_run), option]) == 2
+    assert words in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])

@@ -1,0 +1,68 @@
+"""The micro-batcher on its own: merging by key, dropping requests whose client left, and
+errors reaching only the request that caused them."""
+
+import asyncio
+
+from probtransformer.serving.batcher import MicroBatcher
+
+
+def _run(scenario):
+    return asyncio.run(scenario())
+
+
+def test_requests_with_equal_keys_share_a_call_and_others_wait_their_turn():
+    calls = []
+
+    def run_batch(payloads):
+        calls.append(list(payloads))
+        return [p * 10 for p in payloads]
+
+    async def scenario():
+        batcher = MicroBatcher(run_batch, max_rows=3, max_wait=0.05)
+        batcher.start()
+        submitted = [batcher.submit(key, p, 1) for key, p in [("a", 1), ("b", 2), ("a", 3),
+                                                              ("a", 4), ("a", 5)]]  # fmt: skip
+        results = await asyncio.gather(*submitted)
+        await batcher.stop()
+        return results
+
+    assert _run(scenario) == [10, 20, 30, 40, 50]
+    assert calls == [[1, 3, 4], [2], [5]]  # at most 3 rows; the oldest request's key first
+
+
+def test_a_request_whose_client_left_is_not_computed():
+    calls = []
+
+    async def scenario():
+        batcher = MicroBatcher(lambda ps: calls.append(list(ps)) or ps, max_rows=8, max_wait=0.2)
+        batcher.start()
+        kept = asyncio.ensure_future(batcher.submit("k", 1, 1))
+        left = asyncio.ensure_future(batcher.submit("k", 2, 1))
+        await asyncio.sleep(0.05)
+        left.cancel()
+        result = await kept
+        await batcher.stop()
+        return result
+
+    assert _run(scenario) == 1
+    assert calls == [[1]]
+
+
+def test_a_failing_merged_call_is_retried_one_request_at_a_time():
+    def run_batch(payloads):
+        if "bad" in payloads:
+            raise ValueError("bad input")
+        return payloads
+
+    async def scenario():
+        batcher = MicroBatcher(run_batch, max_rows=8, max_wait=0.05)
+        batcher.start()
+        results = await asyncio.gather(
+            *(batcher.submit("k", p, 1) for p in ("ok", "bad", "fine")), return_exceptions=True
+        )
+        await batcher.stop()
+        return results
+
+    ok, bad, fine = _run(scenario)
+    assert (ok, fine) == ("ok", "fine")
+    assert isinstance(bad, ValueError) and str(bad) == "bad input"

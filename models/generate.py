@@ -72,10 +72,11 @@ def _filter(probs: torch.Tensor, temperature: float, top_k: int | None, top_p: f
     Top-p keeps the smallest set of most probable tokens whose mass reaches ``top_p`` (Holtzman
     et al. 2020, "The Curious Case of Neural Text Degeneration").
     """
+    dtype = probs.dtype
+    # in float64, where a temperature or top_p as small as 1e-300 is not 0
     log_probs = probs.clamp_min(1e-30).log().double()
     # the largest log-probability is 0 before the division: no overflow at any temperature > 0
-    # (in float64, where a temperature as small as 1e-300 is not 0)
-    probs = torch.softmax((log_probs - log_probs.max()) / temperature, -1).to(probs.dtype)
+    probs = torch.softmax((log_probs - log_probs.max()) / temperature, -1)
     if top_k is not None and top_k < probs.shape[-1]:
         kth = probs.topk(top_k).values[-1]
         probs = probs.where(probs >= kth, 0.0)
@@ -84,7 +85,7 @@ def _filter(probs: torch.Tensor, temperature: float, top_k: int | None, top_p: f
         cumulative = ordered.cumsum(-1) / ordered.sum()
         keep = cumulative - ordered / ordered.sum() < top_p  # mass before this token < top_p
         probs = torch.zeros_like(probs).scatter(0, order, ordered * keep)
-    return probs / probs.sum()
+    return (probs / probs.sum()).to(dtype)
 
 
 def _check_options(max_new_tokens, strategy, temperature, top_k, top_p, seed) -> None:

@@ -54,7 +54,8 @@ class Client:
 
     Raises:
         ImportError: httpx is missing.
-        ValueError: an empty ``api_key`` or one with whitespace at its ends.
+        ValueError: an ``api_key`` that no HTTP header can carry (empty, whitespace at its
+            ends, control or non-ASCII characters).
     """
 
     def __init__(
@@ -66,9 +67,10 @@ class Client:
             raise ImportError(
                 "the client needs httpx: pip install 'probtransformer[serve]'"
             ) from None
-        if api_key is not None and (not api_key or api_key != api_key.strip()
-                                    or not api_key.isprintable()):  # fmt: skip
-            raise ValueError("api_key must be a non-empty key without whitespace at its ends")
+        if api_key is not None and not _header_safe(api_key):
+            raise ValueError(
+                "api_key must be non-empty printable ASCII without whitespace at its ends"
+            )
         headers = {} if api_key is None else {"Authorization": f"Bearer {api_key}"}
         self._http = httpx.Client(base_url=url, headers=headers, timeout=timeout)
         self._httpx = httpx
@@ -200,6 +202,10 @@ class Client:
             raise TimeoutError(f"no answer from {self._http.base_url} in time: {e}") from e
         except self._httpx.TransportError as e:
             raise ConnectionError(f"cannot reach the server at {self._http.base_url}: {e}") from e
+
+
+def _header_safe(key: str) -> bool:
+    return bool(key) and key == key.strip() and key.isprintable() and key.isascii()
 
 
 def _raise_for(response) -> None:

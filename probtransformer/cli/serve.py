@@ -40,10 +40,10 @@ def run(args: argparse.Namespace) -> None:
             raise CLIError(
                 f"--api-key-env {args.api_key_env}: that environment variable is unset or empty"
             )
-        if api_key != api_key.strip() or not api_key.isprintable():
+        if api_key != api_key.strip() or not (api_key.isprintable() and api_key.isascii()):
             raise CLIError(
-                f"--api-key-env {args.api_key_env}: the key has surrounding whitespace or "
-                "control characters, which no HTTP header can carry; remove them"
+                f"--api-key-env {args.api_key_env}: the key has surrounding whitespace, control "
+                "or non-ASCII characters, which HTTP headers do not carry; remove them"
             )
     elif not _loopback(args.host):
         warn(f"serving on {args.host} without --api-key-env: anyone who reaches it may use it")

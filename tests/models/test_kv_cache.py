@@ -265,8 +265,8 @@ def test_a_list_of_0d_integer_tensors_is_one_prompt_of_ids(svi):
         generate(svi, [torch.tensor(1.5)], max_new_tokens=2)
 
 
-def test_a_vanishing_temperature_samples_the_greedy_tokens(svi):
+def test_a_vanishing_temperature_or_top_p_samples_the_greedy_tokens(svi):
     greedy = generate(svi, [1, 2], max_new_tokens=4, num_samples=4)
-    cold = generate(svi, [1, 2], max_new_tokens=4, num_samples=4, strategy="sample",
-                    temperature=1e-300)  # fmt: skip
-    assert cold.token_ids.tolist() == greedy.token_ids.tolist()
+    for tiny in ({"temperature": 1e-300}, {"top_p": 1e-300}):
+        cold = generate(svi, [1, 2], max_new_tokens=4, num_samples=4, strategy="sample", **tiny)
+        assert cold.token_ids.tolist() == greedy.token_ids.tolist()

@@ -430,7 +430,8 @@ def test_a_crafted_run_executes_nothing_and_refuses_to_start(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
-    "key, words", [(None, "unset or empty"), ("", "unset or empty"), (" k3y", "whitespace")]
+    "key, words",
+    [(None, "unset or empty"), ("", "unset or empty"), (" k3y", "whitespace"), ("sécret", "ASCII")],
 )
 def test_an_unusable_api_key_refuses_to_start(digits_run, capsys, monkeypatch, key, words):
     monkeypatch.delenv("PT_KEY", raising=False)

@@ -88,7 +88,11 @@ def _filter(probs: torch.Tensor, temperature: float, top_k: int | None, top_p: f
     return (probs / probs.sum()).to(dtype)
 
 
-def _check_options(max_new_tokens, strategy, temperature, top_k, top_p, seed) -> None:
+def _check_options(
+    max_new_tokens, strategy, temperature, top_k, top_p, seed, bayes_average, **_
+) -> None:
+    if not isinstance(bayes_average, bool):
+        raise TypeError(f"bayes_average must be True or False, got {bayes_average!r}")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral):
         raise TypeError(f"max_new_tokens must be an int, got {type(max_new_tokens).__name__}")
     if max_new_tokens < 1:
@@ -285,17 +289,22 @@ def generate(
             ``top_k < 1``, ``temperature <= 0``, an unknown ``strategy``, ``max_new_tokens < 1``,
             ``cache=True`` for a model with stochastic attention.
     """
-    model, items, prompts, unknown, batched = _checked(
-        posterior, prompt, max_new_tokens, strategy, temperature, top_k, top_p, seed,
-        bayes_average,
-    )  # fmt: skip
+    options = dict(
+        max_new_tokens=max_new_tokens,
+        strategy=strategy,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        bayes_average=bayes_average,
+        num_samples=num_samples,
+        seed=seed,
+        cache=cache,
+    )
+    model, items, prompts, unknown, batched = _checked(posterior, prompt, options)
     _warn_unknown(unknown)
     new: list[list[int]] = [[] for _ in prompts]
     stats: list[list[torch.Tensor]] = [[] for _ in prompts]
-    steps = _decode(
-        posterior, prompts, max_new_tokens, strategy, temperature, top_k, top_p, bayes_average,
-        num_samples, seed, cache,
-    )  # fmt: skip
+    steps = _decode(posterior, prompts, **options)
     for b, token, stat in steps:
         new[b].append(token)
         stats[b].append(stat)
@@ -351,17 +360,22 @@ def generate_stream(
     Raises:
         TypeError, ValueError: as ``generate``; ``ValueError`` for a batch of prompts.
     """
-    model, _, prompts, unknown, batched = _checked(
-        posterior, prompt, max_new_tokens, strategy, temperature, top_k, top_p, seed,
-        bayes_average,
-    )  # fmt: skip
+    options = dict(
+        max_new_tokens=max_new_tokens,
+        strategy=strategy,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        bayes_average=bayes_average,
+        num_samples=num_samples,
+        seed=seed,
+        cache=cache,
+    )
+    model, _, prompts, unknown, batched = _checked(posterior, prompt, options)
     if batched:
         raise ValueError("generate_stream takes one prompt; use generate for a batch")
     _warn_unknown(unknown, stacklevel=3)
-    steps = _decode(
-        posterior, prompts, max_new_tokens, strategy, temperature, top_k, top_p, bayes_average,
-        num_samples, seed, cache,
-    )  # fmt: skip
+    steps = _decode(posterior, prompts, **options)
 
     def tokens() -> Iterator[TokenStep]:
         for index, (_, token, stat) in enumerate(steps):
@@ -378,19 +392,15 @@ def generate_stream(
     return tokens()
 
 
-def _checked(
-    posterior, prompt, max_new_tokens, strategy, temperature, top_k, top_p, seed, bayes_average
-):
-    """``(model, items, prompts, unknown, batched)`` after checking every argument."""
+def _checked(posterior, prompt, options: dict):
+    """``(model, items, prompts, unknown, batched)`` after checking ``generate``'s arguments."""
     model = getattr(posterior, "model", None)
     if not isinstance(model, CausalLM):
         what = (
             f"a {type(posterior).__name__}" if model is None else f"one of {type(model).__name__}"
         )
         raise TypeError(f"generate needs the Posterior of a CausalLM (a fit's result), got {what}")
-    _check_options(max_new_tokens, strategy, temperature, top_k, top_p, seed)
-    if not isinstance(bayes_average, bool):
-        raise TypeError(f"bayes_average must be True or False, got {bayes_average!r}")
+    _check_options(**options)
     return model, *_prompts(model, prompt)
 
 
@@ -406,6 +416,7 @@ def _warn_unknown(unknown: list[int], stacklevel: int = 3) -> None:
 def _decode(
     posterior,
     prompts,
+    *,
     max_new_tokens,
     strategy,
     temperature,

@@ -140,9 +140,12 @@ class Client:
         for start in range(0, n, limit):
             some = mask[start : start + limit] if mask is not None else None
             answer = self.predict_rows(
-                x[start : start + limit], some, num_samples=num_samples, seed=seed,
+                x[start : start + limit],
+                some,
+                num_samples=num_samples,
+                seed=seed,
                 return_draws=True,
-            )  # fmt: skip
+            )
             rows.extend(answer["rows"])
         draws = [row["draws"] for row in rows]
         if "probs" in draws[0]:

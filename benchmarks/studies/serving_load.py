@@ -96,10 +96,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--out", default="benchmarks/results/serving_load.json")
     parser.add_argument(
-        "--batched", nargs="*", default=[], metavar="OPTION",
+        "--batched",
+        nargs="*",
+        default=[],
+        metavar="OPTION",
         help="serve options of the batched server (default: none, the defaults), e.g. "
         "--batched=--max-wait-ms=20",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--modes", nargs="+", default=["batched", "unbatched"], choices=["batched", "unbatched"]
     )
@@ -119,8 +122,12 @@ def main() -> None:
                 figures["passes_per_request"] = (passes(url) - before) / figures["requests"]
                 row = {"batching": mode, "clients": clients, "load_1min": load, **figures}
                 results.append(row)
-                print(json.dumps({k: round(v, 3) if isinstance(v, float) else v
-                                  for k, v in row.items()}), flush=True)  # fmt: skip
+                print(
+                    json.dumps(
+                        {k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}
+                    ),
+                    flush=True,
+                )
         finally:
             process.terminate()
             process.wait(30)

@@ -167,12 +167,9 @@ def create_app(service: Service, limits: Limits | None = None, *, api_key: str |
         summary=f"Uncertainty-aware predictions of a {service.task} run",
         lifespan=lifespan,
     )
-    app.state.batcher = batcher
     app.add_middleware(BodyLimit, limit=limits.max_body_bytes)
 
-    def authorized(
-        credentials: BearerCredentials,
-    ) -> None:
+    def authorized(credentials: BearerCredentials) -> None:
         if api_key is None:
             return
         given = b"" if credentials is None else credentials.credentials.encode()
@@ -187,8 +184,14 @@ def create_app(service: Service, limits: Limits | None = None, *, api_key: str |
     async def http_error(request: Request, error: StarletteHTTPException):
         if error.status_code == 400 and error.detail == UNPARSED_BODY:  # FastAPI's own
             cause = error.__cause__
-            detail = [{"type": "json_invalid", "loc": ["body"], "msg": f"the body is not JSON "
-                       f"that this server can read: {type(cause).__name__}: {cause}"}]  # fmt: skip
+            detail = [
+                {
+                    "type": "json_invalid",
+                    "loc": ["body"],
+                    "msg": "the body is not JSON that this server can read: "
+                    f"{type(cause).__name__}: {cause}",
+                }
+            ]
             return JSONResponse({"detail": detail}, 422)
         return await http_exception_handler(request, error)
 
@@ -216,6 +219,7 @@ def create_app(service: Service, limits: Limits | None = None, *, api_key: str |
             "limits": {
                 "max_request_rows": limits.max_request_rows,
                 "max_body_bytes": limits.max_body_bytes,
+                "max_response_bytes": limits.max_response_bytes,
                 "max_num_samples": MAX_NUM_SAMPLES,
                 "max_new_tokens": MAX_NEW_TOKENS,
                 "default_num_samples": limits.num_samples,

@@ -130,8 +130,9 @@ class Service:
         example = self.post.example
         rows = example[:2] if len(example) >= 2 else example[[0, 0]]
         both = self.post.predict(rows.x, rows.mask, num_samples=4, seed=0)
-        alone = self.post.predict(rows.x[1:], None if rows.mask is None else rows.mask[1:],
-                                  num_samples=4, seed=0)  # fmt: skip
+        alone = self.post.predict(
+            rows.x[1:], None if rows.mask is None else rows.mask[1:], num_samples=4, seed=0
+        )
         fields = ("probs",) if isinstance(both, Prediction) else ("samples", "loc", "variance")
         same = all(
             torch.allclose(getattr(both, f)[:, 1:], getattr(alone, f), atol=1e-6, rtol=0)
@@ -139,8 +140,9 @@ class Service:
         )
         out = getattr(both, fields[0])[0, 0]  # one row's prediction of one draw
         self._row_values = out.numel() // (rows.x.shape[1] if self.tokens else 1)
-        weights = self.post.attention(rows.x[:1], None if rows.mask is None else rows.mask[:1],
-                                      num_samples=1).samples  # fmt: skip
+        weights = self.post.attention(
+            rows.x[:1], None if rows.mask is None else rows.mask[:1], num_samples=1
+        ).samples
         *_, layers, heads, queries, keys = weights.shape
         self._attention = (layers * heads, queries - rows.x.shape[1], keys - rows.x.shape[1])
         return isinstance(both, Prediction), same
@@ -318,17 +320,17 @@ def parse_sequences(sequences: list, model, *, tokens: bool) -> torch.Tensor:
         expected = f"(N, T) integer token ids, T <= {model.max_len}"
         array = _array(sequences, loc, expected, "iu", PAD_HINT)
         if array.ndim != 2:
-            raise InvalidInput(loc, f"expected (N, T) token ids, got an array of shape "
-                               f"{array.shape}")  # fmt: skip
+            raise InvalidInput(loc, f"expected {expected}, got an array of shape {array.shape}")
         return torch.from_numpy(array.astype(np.int64))
     expected = f"(N, T, F={model.in_features}) numbers, T <= {model.max_len}"
     array = _array(sequences, loc, expected, "iuf", PAD_HINT)
     if array.ndim != 3:
         raise InvalidInput(loc, f"expected {expected}, got an array of shape {array.shape}")
-    finite = np.isfinite(array)
-    if finite.all() and np.abs(array).max() > np.finfo(np.float32).max:
-        raise InvalidInput(loc, "expected numbers within float32's range (about ±3.4e38), "
-                           f"got {np.abs(array).max():.3g}")  # fmt: skip
+    largest = np.abs(array).max()  # NaN and inf are named by the model's check
+    if np.isfinite(largest) and largest > np.finfo(np.float32).max:
+        raise InvalidInput(
+            loc, f"expected numbers within float32's range (about ±3.4e38), got {largest:.3g}"
+        )
     return torch.from_numpy(array.astype(np.float32))
 
 
@@ -340,9 +342,10 @@ def _array(value: list, loc: tuple, expected: str, kinds: str, hint: str = "") -
         array = np.asarray(value, dtype=object)
     if array.dtype == object:
         raise InvalidInput(
-            loc, f"expected {expected} as a rectangular array, got ragged rows or values of "
-            f"mixed or unsupported types{hint}"
-        )  # fmt: skip
+            loc,
+            f"expected {expected} as a rectangular array, got ragged rows or values of "
+            f"mixed or unsupported types{hint}",
+        )
     if array.dtype.kind not in kinds:
         names = {"b": "booleans", "U": "strings", "f": "floating-point numbers", "i": "integers"}
         got = names.get(array.dtype.kind, str(array.dtype))

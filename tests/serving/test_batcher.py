@@ -20,8 +20,10 @@ def test_requests_with_equal_keys_share_a_call_and_others_wait_their_turn():
     async def scenario():
         batcher = MicroBatcher(run_batch, max_rows=3, max_wait=0.05)
         batcher.start()
-        submitted = [batcher.submit(key, p, 1) for key, p in [("a", 1), ("b", 2), ("a", 3),
-                                                              ("a", 4), ("a", 5)]]  # fmt: skip
+        submitted = [
+            batcher.submit(key, p, 1)
+            for key, p in [("a", 1), ("b", 2), ("a", 3), ("a", 4), ("a", 5)]
+        ]
         results = await asyncio.gather(*submitted)
         await batcher.stop()
         return results

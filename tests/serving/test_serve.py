@@ -381,16 +381,18 @@ def test_generate_streams_the_tokens_of_generate(lm_server, lm_run):
     assert answer.headers["content-type"].startswith("text/event-stream")
     events = _events(answer)
     assert [kind for kind, _ in events] == ["token"] * 6 + ["done"]
-    expected = generate(read_run(lm_run).posterior, "def f(x", max_new_tokens=6, num_samples=4,
-                        seed=3)  # fmt: skip
+    expected = generate(
+        read_run(lm_run).posterior, "def f(x", max_new_tokens=6, num_samples=4, seed=3
+    )
     tokens = [data for kind, data in events if kind == "token"]
     assert [t["token_id"] for t in tokens] == expected.token_ids.tolist()
     assert events[-1][1]["text"] == expected.text
     for name in ("entropy", "aleatoric", "epistemic"):
         got = torch.tensor([t[name] for t in tokens])
         assert torch.allclose(got, getattr(expected, name), atol=1e-6)
-    streamed = list(Client(lm_server.url).generate("def f(x", max_new_tokens=6, num_samples=4,
-                                                   seed=3))  # fmt: skip
+    streamed = list(
+        Client(lm_server.url).generate("def f(x", max_new_tokens=6, num_samples=4, seed=3)
+    )
     assert "".join(step.token for step in streamed) == expected.text
 
 

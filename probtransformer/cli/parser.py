@@ -476,6 +476,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
     serve.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="cpu",
+        help="where the model runs; auto: CUDA when available (default: %(default)s)",
+    )
+    serve.add_argument(
         "--port", type=_int_in(1, 65535), default=8000, help="port to bind (default: %(default)s)"
     )
     serve.add_argument(

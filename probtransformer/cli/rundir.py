@@ -40,7 +40,7 @@ class Run:
     Attributes:
         path: the directory.
         record: its metrics.json.
-        posterior: its ``Posterior``, on CPU.
+        posterior: its ``Posterior`` (on CPU unless read onto another device).
     """
 
     path: Path
@@ -68,11 +68,12 @@ def is_run_dir(path: Path) -> bool:
     return (path / METRICS_FILE).is_file() and (path / POSTERIOR_DIR).is_dir()
 
 
-def read_run(run_dir: str | Path) -> Run:
-    """The metrics.json and the posterior (on CPU) of ``run_dir``.
+def read_run(run_dir: str | Path, *, device: str = "cpu") -> Run:
+    """The metrics.json and the posterior of ``run_dir``, on ``device`` (``load_posterior``'s).
 
     Raises:
-        ValueError: not a run directory, or its metrics.json is not a JSON object.
+        ValueError: not a run directory, its metrics.json is not a JSON object, or ``device``
+            is CUDA where none is available.
     """
     run_dir = Path(run_dir)
     if not is_run_dir(run_dir):
@@ -89,7 +90,7 @@ def read_run(run_dir: str | Path) -> Run:
 
     from probtransformer.inference import load_posterior
 
-    return Run(run_dir, record, load_posterior(run_dir / POSTERIOR_DIR))
+    return Run(run_dir, record, load_posterior(run_dir / POSTERIOR_DIR, device=device))
 
 
 def run_data(record: dict, run_dir: str | Path):

@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> None:
             )
     elif not _loopback(args.host):
         warn(f"serving on {args.host} without --api-key-env: anyone who reaches it may use it")
-    service = Service(read_run(args.run_dir), num_samples=args.num_samples)
+    service = Service(read_run(args.run_dir, device=args.device), num_samples=args.num_samples)
     if service.diagnostics is not None and service.diagnostics["ok"] is None:
         warn(service.diagnostics["warnings"][0])
     limits = Limits(
@@ -61,7 +61,8 @@ def run(args: argparse.Namespace) -> None:
     app = create_app(service, limits, api_key=api_key)
     host = f"[{args.host}]" if ":" in args.host else args.host  # IPv6 in a URL
     print(
-        f"{PROG}: serving {args.run_dir} ({service.task}, {type(service.model).__name__}); "
+        f"{PROG}: serving {args.run_dir} ({service.task}, {type(service.model).__name__}, on "
+        f"{service.post.device}); "
         f"docs at http://{host}:{args.port}/docs",
         file=sys.stderr,
         flush=True,

@@ -292,6 +292,7 @@ class Service:
         return {
             "task": self.task,
             "model": type(model).__name__,
+            "device": str(self.post.device),
             "input": {
                 "kind": "tokens" if self.tokens else "features",
                 "shape": shape,

@@ -141,6 +141,7 @@ def test_health_metadata_and_docs(server):
     assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
     meta = httpx.get(f"{server.url}/metadata", headers=HEADERS).json()
     assert meta["task"] == "classification" and meta["model"] == "SequenceClassifier"
+    assert meta["device"] == "cpu"
     assert meta["input"]["kind"] == "features" and meta["input"]["max_len"] == T
     assert meta["classes"] == [str(c) for c in range(10)]
     assert meta["training_range"] == [0.0, 1.0]
@@ -444,7 +445,16 @@ def test_an_unusable_api_key_refuses_to_start(digits_run, capsys, monkeypatch, k
 
 
 @pytest.mark.parametrize(
-    "option, words", [("--port=70000", "<= 65535"), ("--num-samples=5000", "<= 1000")]
+    "option, words",
+    [
+        ("--port=70000", "<= 65535"),
+        ("--num-samples=5000", "<= 1000"),
+        pytest.param(
+            "--device=cuda",
+            "CUDA is not available",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available"),
+        ),
+    ],
 )
 def test_out_of_range_options_are_refused(digits_run, capsys, option, words):
     assert main(["serve", str(digits_run), option]) == 2

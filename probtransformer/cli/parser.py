@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import math
 from collections.abc import Callable, Iterator
 from typing import NoReturn
 
@@ -16,6 +15,7 @@ from probtransformer.cli import predict as predict_command
 from probtransformer.cli import report as report_command
 from probtransformer.cli import serve as serve_command
 from probtransformer.cli._common import PROG
+from probtransformer.cli.argtypes import int_in, non_negative_int, positive_int
 from probtransformer.cli.help import LibraryDefaultsFormatter
 from probtransformer.cli.options import (
     INFERENCES,
@@ -33,7 +33,6 @@ from probtransformer.tasks import TASKS
 from probtransformer.tasks.classification import RELIABILITY_FILE
 from probtransformer.tasks.forecasting import FORECAST_FILE, PREDICTIONS_FILE
 from probtransformer.tasks.language_modeling import SAMPLES_FILE
-from probtransformer.validation import check_int
 
 #: --model: "auto" (each task's own model) and the variants some tasks offer.
 MODELS = tuple(dict.fromkeys(model for task in TASKS.values() for model in task.models))
@@ -71,49 +70,6 @@ class _DatasetNames:
 
 
 DATASET_NAMES = _DatasetNames()
-
-
-def _int_at_least(minimum: int) -> Callable[[str], int]:
-    """argparse type: an integer >= ``minimum``."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-            check_int("value", value, minimum=minimum)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"expected an integer >= {minimum}, got {text!r}"
-            ) from None
-        return value
-
-    return parse
-
-
-_positive_int = _int_at_least(1)
-_non_negative_int = _int_at_least(0)
-
-
-def _int_in(low: int, high: int) -> Callable[[str], int]:
-    """argparse type: an integer in ``[low, high]``."""
-
-    def parse(text: str) -> int:
-        value = _int_at_least(low)(text)
-        if value > high:
-            raise argparse.ArgumentTypeError(f"expected an integer <= {high}, got {text!r}")
-        return value
-
-    return parse
-
-
-def _non_negative_float(text: str) -> float:
-    """argparse type: a finite number >= 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
-    return value
 
 
 def _run_command(
@@ -205,14 +161,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fit.add_argument(
         "--num-train",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help="fit on the first N rows of the training split: shuffled and stratified for "
         "classification, the first N 64-character windows for text, the N earliest origins for "
         f"forecasting; bounds the fit and the training log-likelihood of {INFERENCE_DATA_FILE}",
     )
     fit.add_argument(
-        "--num-samples", type=_positive_int, metavar="S", help="posterior draws for predictions"
+        "--num-samples", type=positive_int, metavar="S", help="posterior draws for predictions"
     )
     fit.add_argument(
         "--seed",
@@ -222,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fit.add_argument("--device", choices=("auto", "cpu", "cuda"), help="where to fit")
     fit.add_argument(
-        "--threads", type=_positive_int, metavar="N", help="intra-op CPU threads of torch"
+        "--threads", type=positive_int, metavar="N", help="intra-op CPU threads of torch"
     )
     fit.add_argument(
         "--out", metavar="DIR", help="run directory (default: runs/<dataset>-<inference>)"
@@ -234,13 +190,13 @@ def build_parser() -> argparse.ArgumentParser:
     svi.add_argument(
         "--guide", choices=("normal", "lowrank", "mvn", "delta"), help="SVI variational family"
     )
-    svi.add_argument("--num-steps", type=_positive_int, metavar="N", help="optimisation steps")
-    svi.add_argument("--batch-size", type=_positive_int, metavar="N", help="sequences per step")
+    svi.add_argument("--num-steps", type=positive_int, metavar="N", help="optimisation steps")
+    svi.add_argument("--batch-size", type=positive_int, metavar="N", help="sequences per step")
     svi.add_argument("--lr", type=float, help="initial Adam learning rate")
     checkpoints = fit.add_argument_group("svi and map only: checkpoints (fit_svi)")
     checkpoints.add_argument(
         "--checkpoint-every",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help="write the fit's state every N steps (and on Ctrl-C) to --checkpoint-dir",
     )
@@ -256,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     ensemble = fit.add_argument_group("ensemble only")
     ensemble.add_argument(
         "--n-members",
-        type=_positive_int,
+        type=positive_int,
         metavar="K",
         help="ensemble members, fitted with seeds seed, seed+1, ...",
     )
@@ -267,10 +223,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="MCMC kernel: chees (ChEES-HMC) and mclmc (unadjusted microcanonical Langevin) "
         "run every chain in one vectorized pass; nuts and hmc are Pyro's, one chain at a time",
     )
-    mcmc.add_argument("--num-chains", type=_positive_int, metavar="N", help="independent chains")
+    mcmc.add_argument("--num-chains", type=positive_int, metavar="N", help="independent chains")
     mcmc.add_argument(
         "--num-starts",
-        type=_positive_int,
+        type=positive_int,
         metavar="M",
         help="chees and mclmc only: starting points, --num-chains / M chains each (a "
         "superchain, for nested R-hat); M must divide --num-chains",
@@ -283,11 +239,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     mcmc.add_argument(
         "--num-warmup",
-        type=_non_negative_int,
+        type=non_negative_int,
         metavar="N",
         help="adaptation transitions per chain, discarded (mclmc: tuning integrator steps)",
     )
-    mcmc.add_argument("--num-draws", type=_positive_int, metavar="N", help="kept draws per chain")
+    mcmc.add_argument("--num-draws", type=positive_int, metavar="N", help="kept draws per chain")
     mcmc.add_argument(
         "--target-accept-prob",
         type=float,
@@ -297,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     mcmc.add_argument(
         "--max-tree-depth",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help="NUTS only: at most 2**N - 1 leapfrog steps per transition",
     )
@@ -315,16 +271,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     mcmc.add_argument(
         "--map-steps",
-        type=_non_negative_int,
+        type=non_negative_int,
         metavar="N",
         help="Adam steps of the MAP fits: --init map or ensemble starts, and the parts left "
         "out of --bayesian",
     )
     model = fit.add_argument_group("model")
-    model.add_argument("--d-model", type=_positive_int, metavar="N", help="model width")
-    model.add_argument("--num-heads", type=_positive_int, metavar="N", help="heads per layer")
-    model.add_argument("--num-layers", type=_positive_int, metavar="N", help="Transformer blocks")
-    model.add_argument("--d-ff", type=_positive_int, metavar="N", help="feed-forward width")
+    model.add_argument("--d-model", type=positive_int, metavar="N", help="model width")
+    model.add_argument("--num-heads", type=positive_int, metavar="N", help="heads per layer")
+    model.add_argument("--num-layers", type=positive_int, metavar="N", help="Transformer blocks")
+    model.add_argument("--d-ff", type=positive_int, metavar="N", help="feed-forward width")
     model.add_argument("--dropout", type=float, metavar="P", help="dropout probability")
     model.add_argument(
         "--bayesian",
@@ -348,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     model.add_argument(
         "--local-window",
-        type=_int_at_least(0),
+        type=int_in(0),
         metavar="W",
         help="guidance prior: attention near |i - j| <= W (priors.AttentionLogitPrior with "
         "local_window(W, outside=0.01), strength 1)",
@@ -364,7 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
         library_defaults=True,
     )
     diagnose.add_argument(
-        "--num-samples", type=_positive_int, metavar="S", help="posterior draws to summarise"
+        "--num-samples", type=positive_int, metavar="S", help="posterior draws to summarise"
     )
 
     predict = _run_command(
@@ -391,7 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=".npy or .csv inputs (tagging and language-model runs: .npy or .txt)",
     )
     predict.add_argument("--output", metavar="FILE", help="CSV to write (default: stdout)")
-    predict.add_argument("--num-samples", type=_positive_int, metavar="S", help="posterior draws")
+    predict.add_argument("--num-samples", type=positive_int, metavar="S", help="posterior draws")
     predict.add_argument("--seed", type=int, help="seeds the draws")
 
     report = _run_command(
@@ -407,7 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.add_argument(
         "--num-samples",
-        type=_positive_int,
+        type=positive_int,
         metavar="S",
         help=f"posterior draws (default: the run's, from {METRICS_FILE})",
     )
@@ -452,15 +408,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--output", metavar="CSV", help="write the per-token table to this CSV file instead"
     )
 
-    from probtransformer.serving.limits import (
-        DEFAULT_MAX_BATCH_ROWS,
-        DEFAULT_MAX_BODY_BYTES,
-        DEFAULT_MAX_REQUEST_ROWS,
-        DEFAULT_MAX_RESPONSE_BYTES,
-        DEFAULT_MAX_WAIT_MS,
-        MAX_NUM_SAMPLES,
-    )
-
     serve = _run_command(
         commands,
         serve_command.run,
@@ -474,63 +421,5 @@ def build_parser() -> argparse.ArgumentParser:
         "num_samples, attention flag and sequence length are merged into one vectorized pass. "
         "SIGTERM or Ctrl-C stop taking connections and answer the requests in flight first.",
     )
-    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
-    serve.add_argument(
-        "--device",
-        choices=("auto", "cpu", "cuda"),
-        default="cpu",
-        help="where the model runs; auto: CUDA when available (default: %(default)s)",
-    )
-    serve.add_argument(
-        "--port", type=_int_in(1, 65535), default=8000, help="port to bind (default: %(default)s)"
-    )
-    serve.add_argument(
-        "--num-samples",
-        type=_int_in(1, MAX_NUM_SAMPLES),
-        default=100,
-        metavar="S",
-        help="posterior draws of a request that does not say (default: %(default)s)",
-    )
-    serve.add_argument(
-        "--max-batch-rows",
-        type=_positive_int,
-        default=DEFAULT_MAX_BATCH_ROWS,
-        metavar="N",
-        help="rows of the merged requests of one pass; 1: no batching (default: %(default)s)",
-    )
-    serve.add_argument(
-        "--max-wait-ms",
-        type=_non_negative_float,
-        default=DEFAULT_MAX_WAIT_MS,
-        metavar="M",
-        help="milliseconds a request waits for others to join its pass (default: %(default)s)",
-    )
-    serve.add_argument(
-        "--max-request-rows",
-        type=_positive_int,
-        default=DEFAULT_MAX_REQUEST_ROWS,
-        metavar="N",
-        help="rows one request may hold, 413 beyond (default: %(default)s)",
-    )
-    serve.add_argument(
-        "--max-body-bytes",
-        type=_positive_int,
-        default=DEFAULT_MAX_BODY_BYTES,
-        metavar="B",
-        help="bytes one request body may hold, 413 beyond (default: %(default)s)",
-    )
-    serve.add_argument(
-        "--max-response-bytes",
-        type=_positive_int,
-        default=DEFAULT_MAX_RESPONSE_BYTES,
-        metavar="B",
-        help="bytes of JSON one answer may hold, estimated before computing it; 413 beyond "
-        "(default: %(default)s)",
-    )
-    serve.add_argument(
-        "--api-key-env",
-        metavar="NAME",
-        help="require 'Authorization: Bearer <key>', the key read from this environment "
-        "variable (default: no key)",
-    )
+    serve_command.add_arguments(serve)
     return parser

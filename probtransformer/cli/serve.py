@@ -4,12 +4,89 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import ipaddress
 import os
 import sys
 
 from probtransformer.cli._common import PROG, CLIError, warn
+from probtransformer.cli.argtypes import int_in, non_negative_float, positive_int
 from probtransformer.cli.rundir import read_run
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``serve`` (its defaults: ``serving.limits``, which imports no FastAPI)."""
+    from probtransformer.serving.limits import (
+        DEFAULT_MAX_BATCH_ROWS,
+        DEFAULT_MAX_BODY_BYTES,
+        DEFAULT_MAX_REQUEST_ROWS,
+        DEFAULT_MAX_RESPONSE_BYTES,
+        DEFAULT_MAX_WAIT_MS,
+        MAX_NUM_SAMPLES,
+    )
+
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="cpu",
+        help="where the model runs; auto: CUDA when available (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--port", type=int_in(1, 65535), default=8000, help="port to bind (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--num-samples",
+        type=int_in(1, MAX_NUM_SAMPLES),
+        default=100,
+        metavar="S",
+        help="posterior draws of a request that does not say (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-batch-rows",
+        type=positive_int,
+        default=DEFAULT_MAX_BATCH_ROWS,
+        metavar="N",
+        help="rows of the merged requests of one pass; 1: no batching (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-wait-ms",
+        type=non_negative_float,
+        default=DEFAULT_MAX_WAIT_MS,
+        metavar="M",
+        help="milliseconds a request waits for others to join its pass (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-request-rows",
+        type=positive_int,
+        default=DEFAULT_MAX_REQUEST_ROWS,
+        metavar="N",
+        help="rows one request may hold, 413 beyond (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-body-bytes",
+        type=positive_int,
+        default=DEFAULT_MAX_BODY_BYTES,
+        metavar="B",
+        help="bytes one request body may hold, 413 beyond (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-response-bytes",
+        type=positive_int,
+        default=DEFAULT_MAX_RESPONSE_BYTES,
+        metavar="B",
+        help="bytes of JSON one answer may hold, estimated before computing it; 413 beyond "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--api-key-env",
+        metavar="NAME",
+        help="require 'Authorization: Bearer <key>', the key read from this environment "
+        "variable (default: no key)",
+    )
+
 
 #: Seconds a stopping server (SIGTERM, Ctrl-C) gives the requests in flight.
 DRAIN_SECONDS = 30
@@ -51,12 +128,7 @@ def run(args: argparse.Namespace) -> None:
     if service.diagnostics is not None and service.diagnostics["ok"] is None:
         warn(service.diagnostics["warnings"][0])
     limits = Limits(
-        num_samples=args.num_samples,
-        max_batch_rows=args.max_batch_rows,
-        max_wait_ms=args.max_wait_ms,
-        max_request_rows=args.max_request_rows,
-        max_body_bytes=args.max_body_bytes,
-        max_response_bytes=args.max_response_bytes,
+        **{field.name: getattr(args, field.name) for field in dataclasses.fields(Limits)}
     )
     app = create_app(service, limits, api_key=api_key)
     host = f"[{args.host}]" if ":" in args.host else args.host  # IPv6 in a URL

@@ -150,6 +150,7 @@ def create_app(service: Service, limits: Limits | None = None, *, api_key: str |
             ``Authorization: Bearer <api_key>`` (401 otherwise).
     """
     limits = Limits() if limits is None else limits
+    merges = service.merges and limits.max_batch_rows > 1
     batcher = MicroBatcher(
         service.predict_batch,
         max_rows=limits.max_batch_rows,
@@ -222,12 +223,12 @@ def create_app(service: Service, limits: Limits | None = None, *, api_key: str |
                 "max_response_bytes": limits.max_response_bytes,
                 "max_num_samples": MAX_NUM_SAMPLES,
                 "max_new_tokens": MAX_NEW_TOKENS,
-                "default_num_samples": limits.num_samples,
+                "default_num_samples": service.num_samples,
             },
             "batching": {
                 "max_batch_rows": limits.max_batch_rows,
                 "max_wait_ms": limits.max_wait_ms,
-                "merges_requests": service.merges and limits.max_batch_rows > 1,
+                "merges_requests": merges,
                 "passes": batcher.batches,
             },
         }
@@ -253,7 +254,7 @@ def create_app(service: Service, limits: Limits | None = None, *, api_key: str |
                 f"at most {limits.max_response_bytes / 2**20:.0f} MiB: ask for fewer rows, "
                 "fewer draws, or no draws or attention",
             )
-        key = payload.key(service.merges and limits.max_batch_rows > 1)
+        key = payload.key(merges)
         answer = asyncio.ensure_future(batcher.submit(key, payload, rows))
         while not answer.done():  # a request whose client left is dropped from the queue
             await asyncio.wait({answer}, timeout=DISCONNECT_POLL_SECONDS)
@@ -300,7 +301,7 @@ def create_app(service: Service, limits: Limits | None = None, *, api_key: str |
             top_k=body.top_k,
             top_p=body.top_p,
             bayes_average=not body.thompson,
-            num_samples=limits.num_samples if body.num_samples is None else body.num_samples,
+            num_samples=service.num_samples if body.num_samples is None else body.num_samples,
             seed=body.seed,
         )
         loop = asyncio.get_running_loop()

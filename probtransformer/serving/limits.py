@@ -23,7 +23,6 @@ class Limits:
     """What the server accepts and how it batches.
 
     Attributes:
-        num_samples: posterior draws of a request that does not say.
         max_batch_rows: rows of the merged requests of one pass (1: no batching).
         max_wait_ms: milliseconds a request waits for others to join its pass.
         max_request_rows: rows one request may hold (413 beyond).
@@ -32,7 +31,6 @@ class Limits:
             (413 beyond).
     """
 
-    num_samples: int = 100
     max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS
     max_wait_ms: float = DEFAULT_MAX_WAIT_MS
     max_request_rows: int = DEFAULT_MAX_REQUEST_ROWS

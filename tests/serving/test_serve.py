@@ -311,12 +311,12 @@ def test_regression_runs_answer_alone_with_their_own_noise(regression_run):
     probe finds it); the answers are Posterior.predict's, intervals and draws included."""
     from fastapi.testclient import TestClient
 
-    from probtransformer.serving import Limits, Service, create_app
+    from probtransformer.serving import Service, create_app
 
     service = Service(read_run(regression_run), num_samples=10)
     assert not service.merges and not service.categorical
     x = torch.sin(torch.arange(12.0).reshape(2, 6, 1))
-    with TestClient(create_app(service, Limits(num_samples=10))) as client:
+    with TestClient(create_app(service)) as client:
         body = {"sequences": x.tolist(), "seed": 4, "interval": 0.5, "return_draws": True}
         answer = client.post("/predict", json=body).json()
         refused = client.post("/predict", json={**body, "abstain_above": 0.1})

@@ -31,12 +31,18 @@ positive_int = int_in(1)
 non_negative_int = int_in(0)
 
 
-def non_negative_float(text: str) -> float:
-    """argparse type: a finite number >= 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
-    return value
+def float_in(minimum: float, maximum: float) -> Callable[[str], float]:
+    """argparse type: a finite number in ``[minimum, maximum]``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and minimum <= value <= maximum):
+            raise argparse.ArgumentTypeError(
+                f"expected a number in [{minimum:g}, {maximum:g}], got {text!r}"
+            )
+        return value
+
+    return parse

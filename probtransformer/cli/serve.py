@@ -10,7 +10,7 @@ import os
 import sys
 
 from probtransformer.cli._common import PROG, CLIError, warn
-from probtransformer.cli.argtypes import int_in, non_negative_float, positive_int
+from probtransformer.cli.argtypes import float_in, int_in, positive_int
 from probtransformer.cli.rundir import read_run
 
 
@@ -23,6 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         DEFAULT_MAX_RESPONSE_BYTES,
         DEFAULT_MAX_WAIT_MS,
         MAX_NUM_SAMPLES,
+        MAX_WAIT_MS,
     )
 
     parser.add_argument(
@@ -53,10 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-wait-ms",
-        type=non_negative_float,
+        type=float_in(0, MAX_WAIT_MS),
         default=DEFAULT_MAX_WAIT_MS,
         metavar="M",
-        help="milliseconds a request waits for others to join its pass (default: %(default)s)",
+        help="milliseconds a request waits for others to join its pass, at most "
+        f"{MAX_WAIT_MS:g} (default: %(default)s)",
     )
     parser.add_argument(
         "--max-request-rows",
@@ -110,6 +112,8 @@ def run(args: argparse.Namespace) -> None:
             f"serve needs FastAPI and uvicorn ({e.name} is missing): "
             "pip install 'probtransformer[serve]'"
         ) from None
+    if not args.host.strip():
+        raise CLIError("--host must name an address, such as 127.0.0.1 (or 0.0.0.0 for all)")
     api_key = None
     if args.api_key_env is not None:
         api_key = os.environ.get(args.api_key_env)

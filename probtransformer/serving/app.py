@@ -57,7 +57,12 @@ class PredictRequest(BaseModel):
     num_samples: NumSamples = None
     seed: Seed = 0
     interval: float = Field(
-        0.9, gt=0, lt=1, description="probability mass of the equal-tailed intervals, in (0, 1)"
+        0.9,
+        gt=0,
+        lt=1,
+        strict=True,
+        allow_inf_nan=False,
+        description="probability mass of the equal-tailed intervals, in (0, 1)",
     )
     attention: StrictBool = Field(
         False, description="add the posterior mean and sd of each row's attention weights"
@@ -65,6 +70,7 @@ class PredictRequest(BaseModel):
     abstain_above: float | None = Field(
         None,
         ge=0,
+        strict=True,
         allow_inf_nan=False,
         description="epistemic threshold in nats: rows (steps) above it get abstain=true "
         "(classification and tagging runs)",
@@ -101,9 +107,13 @@ class GenerateRequest(BaseModel):
     )
     max_new_tokens: StrictInt = Field(100, ge=1, le=MAX_NEW_TOKENS, description="tokens K")
     strategy: Literal["greedy", "sample"] = "greedy"
-    temperature: float = Field(1.0, gt=0, allow_inf_nan=False, description="> 0, unitless")
+    temperature: float = Field(
+        1.0, gt=0, strict=True, allow_inf_nan=False, description="> 0, unitless"
+    )
     top_k: StrictInt | None = Field(None, ge=1, description="keep the k most probable tokens")
-    top_p: float | None = Field(None, gt=0, le=1, description="nucleus mass, in (0, 1]")
+    top_p: float | None = Field(
+        None, gt=0, le=1, strict=True, allow_inf_nan=False, description="nucleus mass, in (0, 1]"
+    )
     thompson: StrictBool = Field(
         False, description="decode with one posterior draw (else the posterior average)"
     )
@@ -206,7 +216,8 @@ def create_app(service: Service, limits: Limits | None = None, *, api_key: str |
         detail = [{"type": "value_error", "loc": list(error.loc), "msg": str(error)}]
         return JSONResponse({"detail": detail}, status_code=422)
 
-    @app.api_route("/health", methods=["GET", "HEAD"])
+    @app.get("/health")
+    @app.head("/health", include_in_schema=False)
     async def health() -> dict:
         """``{"status": "ok"}`` while the server takes requests."""
         return {"status": "ok"}

@@ -75,12 +75,17 @@ class MicroBatcher:
         self._worker.shutdown(wait=True)
 
     async def submit(self, key: Hashable, payload: Any, rows: int) -> Any:
-        """Queue a request and wait for its result (its exception is raised here)."""
+        """Queue a request and wait for its result (its exception is raised here). A request
+        cancelled while it waits (its client left) is dropped."""
         loop = asyncio.get_running_loop()
         request = _Request(key, payload, rows, loop.time(), loop.create_future())
         self._pending.append(request)
         self._arrived.set()
-        return await request.future
+        try:
+            return await request.future
+        finally:
+            if request.future.cancelled():
+                self._arrived.set()  # its batching window need not wait any longer
 
     async def run_on_worker(self, function: Callable[[], Any]) -> Any:
         """Run ``function()`` on the worker thread, after the work queued before it."""
@@ -90,13 +95,16 @@ class MicroBatcher:
         loop = asyncio.get_running_loop()
         free_since = loop.time()
         while True:
-            while not self._pending:
+            while self._pending and self._pending[0].future.done():
+                self._pending.popleft()  # its client left
+            if not self._pending:
                 self._arrived.clear()
                 await self._arrived.wait()
+                continue
             first = self._pending[0]
             # the window opens when the request is there and the worker is free
             deadline = max(first.arrived, free_since) + self.max_wait
-            while self._rows_waiting(first.key) < self.max_rows:
+            while self._rows_waiting(first.key) < self.max_rows and not first.future.done():
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     break
@@ -105,6 +113,8 @@ class MicroBatcher:
                     await asyncio.wait_for(self._arrived.wait(), remaining)
                 except TimeoutError:
                     break
+            if first.future.done():
+                continue  # its client left while it waited: choose again
             batch = self._take(first.key)
             if batch:
                 outcomes = await loop.run_in_executor(self._worker, self._run, batch)

@@ -8,6 +8,8 @@ import dataclasses
 #: Defaults of ``probtransformer serve`` (measured in benchmarks/BENCHMARKS.md, "Serving").
 DEFAULT_MAX_BATCH_ROWS = 64  # a 64-row digits pass at S=100 takes about 0.3 s on 2 cores
 DEFAULT_MAX_WAIT_MS = 5.0  # a lone request waits at most this long for others
+#: The longest batching window: a stopping server answers requests in their window.
+MAX_WAIT_MS = 1000.0
 DEFAULT_MAX_REQUEST_ROWS = 1024
 DEFAULT_MAX_BODY_BYTES = 16 * 2**20
 #: An answer may hold about this many bytes of JSON (413 beyond, before computing it): per-draw

@@ -91,7 +91,7 @@ class Service:
         num_samples: draws of a request that does not say (``/predict``'s default).
 
     Attributes:
-        task: the task name (metrics.json's ``task``, or the model's).
+        task: the task of the model's class (``tasks.task_of``).
         tokens: the model reads token ids ``(N, T)`` (else features ``(N, T, F)``).
         categorical: predictions are class probabilities (else regression values).
         merges: concurrent requests may share a pass: checked at start on two training rows,
@@ -115,7 +115,7 @@ class Service:
         self.post = post
         self.model = model
         self.num_samples = num_samples
-        self.task = run.record.get("task") or task_of(model).name
+        self.task = task_of(model).name  # the model's class decides, not metrics.json
         self.tokens = getattr(model, "vocab_size", None) is not None
         self.vocab = getattr(model, "vocab", None)
         self.class_names = run.record.get("class_names")
@@ -347,6 +347,8 @@ def _array(value: list, loc: tuple, expected: str, kinds: str, hint: str = "") -
             f"expected {expected} as a rectangular array, got ragged rows or values of "
             f"mixed or unsupported types{hint}",
         )
+    if array.dtype.kind in "iuf" and any(isinstance(v, bool) for v in _leaves(value)):
+        raise InvalidInput(loc, f"expected {expected}, got true or false among the numbers")
     if array.dtype.kind not in kinds:
         names = {"b": "booleans", "U": "strings", "f": "floating-point numbers", "i": "integers"}
         got = names.get(array.dtype.kind, str(array.dtype))
@@ -354,6 +356,17 @@ def _array(value: list, loc: tuple, expected: str, kinds: str, hint: str = "") -
     if array.size == 0:
         raise InvalidInput(loc, f"expected {expected}, got an empty array of shape {array.shape}")
     return array
+
+
+def _leaves(value: list):
+    """The non-list items of nested lists, depth first."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+        else:
+            yield item
 
 
 def _labels(index: int | list[int], labels: list[str]):

@@ -68,3 +68,17 @@ def test_a_failing_merged_call_is_retried_one_request_at_a_time():
     ok, bad, fine = _run(scenario)
     assert (ok, fine) == ("ok", "fine")
     assert isinstance(bad, ValueError) and str(bad) == "bad input"
+
+
+def test_a_request_whose_client_left_does_not_hold_its_window_open():
+    """Stopping waits for the queue; a cancelled request in a long window must not hold it."""
+
+    async def scenario():
+        batcher = MicroBatcher(lambda ps: ps, max_rows=8, max_wait=30.0)
+        batcher.start()
+        left = asyncio.ensure_future(batcher.submit("k", 1, 1))
+        await asyncio.sleep(0.05)
+        left.cancel()
+        await asyncio.wait_for(batcher.stop(), timeout=5)
+
+    _run(scenario)

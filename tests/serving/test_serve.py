@@ -155,6 +155,9 @@ def test_health_metadata_and_docs(server):
     fields = schema["components"]["schemas"]["PredictRequest"]["properties"]
     assert "nats" in fields["abstain_above"]["description"]
     assert httpx.get(f"{server.url}/docs").status_code == 200
+    assert httpx.head(f"{server.url}/health").status_code == 200
+    operations = [op["operationId"] for path in schema["paths"].values() for op in path.values()]
+    assert len(operations) == len(set(operations))
 
 
 def test_predict_rows_match_the_posterior(server, digits_run, digits):
@@ -245,6 +248,9 @@ ROW = [[0.5] * F] * T
         ({"sequences": [ROW], "mask": [[1] * T]}, "mask", "booleans, got integers"),
         ({"sequences": [ROW], "mask": [[True] * T, [True]]}, "mask", "ragged"),
         ({"sequences": [[[1e300] * F] * T]}, "sequences", "float32's range"),
+        ({"sequences": [[[True] + [0.5] * (F - 1)] * T]}, "sequences", "true or false among"),
+        ({"sequences": [ROW], "interval": "0.9"}, "interval", "valid number"),
+        ({"sequences": [ROW], "abstain_above": True}, "abstain_above", "valid number"),
         ({"sequences": [ROW], "num_samples": 0}, "num_samples", "greater than or equal to 1"),
         ({"sequences": [ROW], "num_samples": 5000}, "num_samples", "less than or equal to 1000"),
         ({"sequences": [ROW], "num_samples": 2.5}, "num_samples", "valid integer"),
@@ -301,7 +307,7 @@ def regression_run(tmp_path_factory) -> Path:
     post = fit_svi(model, SequenceData(x, y), num_steps=20, progress=False)
     run_dir = tmp_path_factory.mktemp("regression") / "run"
     post.save(run_dir / "posterior")
-    (run_dir / "metrics.json").write_text(json.dumps({"task": "forecasting"}))
+    (run_dir / "metrics.json").write_text(json.dumps({"task": "os.system"}))  # not read
     return run_dir
 
 
@@ -322,6 +328,7 @@ def test_regression_runs_answer_alone_with_their_own_noise(regression_run):
         refused = client.post("/predict", json={**body, "abstain_above": 0.1})
     pred = read_run(regression_run).posterior.predict(x, num_samples=10, seed=4)
     lower, upper = pred.predictive_interval(0.5)
+    assert answer["task"] == "forecasting"  # from the model's class
     assert answer["units"]["epistemic"] == "target units squared (variance)"
     for i, row in enumerate(answer["rows"]):
         assert row["mean"] == pytest.approx(float(pred.mean[i]), abs=1e-6)
@@ -406,6 +413,8 @@ def test_token_requests_are_checked_against_the_vocabulary(lm_server, lm_run):
     assert floats.status_code == 422 and "got floating-point" in floats.json()["detail"][0]["msg"]
     prompt = httpx.post(f"{lm_server.url}/generate", json={"prompt": [vocab_size]}, timeout=10)
     assert prompt.status_code == 422 and prompt.json()["detail"][0]["loc"] == ["body", "prompt"]
+    text = httpx.post(f"{lm_server.url}/generate", json={"prompt": "a", "temperature": "1"})
+    assert text.status_code == 422 and text.json()["detail"][0]["loc"] == ["body", "temperature"]
     ok = _post(lm_server, {"sequences": [[1, 2, 3]], "num_samples": 2}, headers={}).json()
     assert len(ok["rows"][0]["probs"]) == 3  # one distribution per step
     assert len(ok["rows"][0]["predicted_label"]) == 3
@@ -449,6 +458,8 @@ def test_an_unusable_api_key_refuses_to_start(digits_run, capsys, monkeypatch, k
     [
         ("--port=70000", "<= 65535"),
         ("--num-samples=5000", "<= 1000"),
+        ("--max-wait-ms=1e9", "in [0, 1000]"),
+        ("--host=", "must name an address"),
         pytest.param(
             "--device=cuda",
             "CUDA is not available",
@@ -463,13 +474,13 @@ def test_out_of_range_options_are_refused(digits_run, capsys, option, words):
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_stopping_drains_the_requests_in_flight(digits_run, digits, sig):
-    """A request waiting in its 2-second batching window when the signal arrives is answered;
+    """A request waiting in its 1-second batching window when the signal arrives is answered;
     then the server exits."""
-    server = Server(digits_run, "--max-wait-ms", "2000")
+    server = Server(digits_run, "--max-wait-ms", "1000")
     body = {"sequences": digits.test.x[:2].tolist(), "num_samples": 3}
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         pending = pool.submit(_post, server, body, headers={})
-        time.sleep(0.8)
+        time.sleep(0.4)
         output = server.stop(sig)
         answer = pending.result()
     assert answer.status_code == 200 and len(answer.json()["rows"]) == 2

@@ -35,6 +35,14 @@ from probtransformer.inference.checkpoint import (
     restore_svi_checkpoint,
     save_svi_checkpoint,
 )
+from probtransformer.inference.distributed import (
+    DataParallel,
+    agree,
+    average_gradients,
+    broadcast_state,
+    check_same_fit,
+    data_parallel,
+)
 from probtransformer.inference.elbo import MeanFieldELBO, NonFiniteELBOError, non_finite_error
 from probtransformer.inference.guides import GUIDES, build_guide, has_local_latents
 from probtransformer.inference.inputs import check_model, check_training_data, example_of
@@ -71,6 +79,8 @@ class SVIState:
         param_store: the fit's own Pyro param-store state (``ParamStoreDict.get_state()``),
             entered for every evaluation so the global param store is never read or written.
         last_finite: copies of ``params`` from the start of the last step whose loss was finite.
+        parallel: this process's place in a data-parallel fit (``inference.distributed``), or
+            None for a single-process fit.
     """
 
     model: torch.nn.Module
@@ -89,6 +99,7 @@ class SVIState:
     rng: dict = field(repr=False)
     param_store: dict = field(repr=False)
     last_finite: list[torch.Tensor] = field(repr=False)
+    parallel: DataParallel | None = None
 
     @property
     def device(self) -> torch.device:
@@ -100,7 +111,9 @@ class SVIState:
 _CHECKED_SETTINGS = ("guide", "num_steps", "batch_size", "lr", "lr_decay", "num_particles")
 
 
-def _check_fit(model, data, guide, num_steps, batch_size, lr, lr_decay, num_particles) -> None:
+def _check_fit(
+    model, data, guide, num_steps, batch_size, lr, lr_decay, num_particles, distributed=False
+) -> None:
     """The checks of ``svi_init``'s arguments, in the order their errors are reported."""
     check_model(model)
     check_training_data(model, data)
@@ -116,6 +129,8 @@ def _check_fit(model, data, guide, num_steps, batch_size, lr, lr_decay, num_part
         raise ValueError(f"lr must be a finite number > 0, got {lr!r}")
     if not (isinstance(lr_decay, (int, float)) and 0 < lr_decay <= 1):
         raise ValueError(f"lr_decay must be in (0, 1], got {lr_decay!r}")
+    if not isinstance(distributed, bool):
+        raise TypeError(f"distributed must be True or False, got {distributed!r}")
 
 
 def svi_init(model: torch.nn.Module, data: SequenceData, **settings) -> SVIState:
@@ -132,8 +147,8 @@ def svi_init(model: torch.nn.Module, data: SequenceData, **settings) -> SVIState
         model: a ``PyroModule`` following the model protocol; it is not modified.
         data: training split ``(N, ...)``; ``data.y`` required.
         **settings: ``fit_svi``'s keyword arguments ``guide``, ``num_steps``, ``batch_size``,
-            ``lr``, ``lr_decay``, ``num_particles``, ``init_scale``, ``device`` and ``seed``,
-            with its defaults and meanings.
+            ``lr``, ``lr_decay``, ``num_particles``, ``init_scale``, ``device``, ``seed``,
+            ``init_from`` and ``distributed``, with its defaults and meanings.
 
     Returns:
         An ``SVIState`` with ``step == 0``; the caller's torch RNG and Pyro param store are
@@ -151,7 +166,7 @@ def svi_init(model: torch.nn.Module, data: SequenceData, **settings) -> SVIState
     bound.apply_defaults()
     given = bound.arguments
     checked = tuple(given[name] for name in _CHECKED_SETTINGS)
-    _check_fit(model, data, *checked)
+    _check_fit(model, data, *checked, given["distributed"])
     return _init(
         model,
         data,
@@ -160,6 +175,7 @@ def svi_init(model: torch.nn.Module, data: SequenceData, **settings) -> SVIState
         given["device"],
         given["seed"],
         given["init_from"],
+        given["distributed"],
     )
 
 
@@ -176,15 +192,22 @@ def _init(
     device,
     seed,
     init_from=None,
+    distributed=False,
 ) -> SVIState:
     """``svi_init`` on checked arguments."""
     device = resolve_device(device)
+    parallel = data_parallel(device) if distributed else None
     model = reinitialised_copy(model, seed, device)
     start = None if init_from is None else warm_start(model, init_from, device)
     model.train()
     train = data.to(device)
     n = len(train)
     batch_size = min(batch_size, n)
+    if parallel is not None and batch_size % parallel.world_size:
+        raise ValueError(
+            f"batch_size must be divisible by the world size {parallel.world_size}, got "
+            f"{batch_size}" + (f" (the {n} training sequences)" if batch_size == n else "")
+        )
     # the amortized guide of local latents is not mean-field: its logits depend on the globals
     mean_field = guide == "normal" and not has_local_latents(model)
     elbo_cls = MeanFieldELBO if mean_field else Trace_ELBO
@@ -201,17 +224,28 @@ def _init(
     )
     if init_from is not None:
         settings["init_from"] = init_from.record.get("method", "posterior")
+    fingerprint = data_fingerprint(data)
+    if parallel is not None:
+        check_same_fit(parallel, fingerprint, settings)
     with pyro.get_param_store().scope() as param_store, seeded(seed, device):
         autoguide = build_guide(guide, model, init_scale=init_scale, init_values=start)
         loss_fn = elbo(model, autoguide)
-        first = slice(0, batch_size)
+        first = torch.arange(batch_size, device=device)
+        if parallel is not None:
+            first = parallel.rows(first)
         args = (train.x[first], train.y[first], _mask(train, first))
+        failure = None
         try:
             loss_fn(*args, num_data=n)  # creates the guide's parameters, validated
         except ValueError as e:
             if not is_invalid_parameter_error(e):
                 raise
-            raise non_finite_error(model, autoguide, args, n, 0, math.nan) from e
+            failure = non_finite_error(model, autoguide, args, n, 0, math.nan)
+            failure.__cause__ = e
+        if parallel is not None:
+            agree(parallel, failure, "the first ELBO evaluation")
+        if failure is not None:
+            raise failure
         params = [p for p in loss_fn.parameters() if p.requires_grad]
         optimizer = torch.optim.Adam(params, lr=lr)
         scheduler = torch.optim.lr_scheduler.ExponentialLR(
@@ -219,6 +253,8 @@ def _init(
         )
         order = torch.randperm(n, device=device)
         rng = _get_rng_state(device)
+        if parallel is not None:  # rank 0's start, whatever the ranks' slices drew
+            broadcast_state(parallel, [*params, order, *rng.values()])
     return SVIState(
         model=model,
         guide=autoguide,
@@ -228,7 +264,7 @@ def _init(
         scheduler=scheduler,
         data=train,
         settings=settings,
-        fingerprint=data_fingerprint(data),
+        fingerprint=fingerprint,
         order=order,
         cursor=0,
         step=0,
@@ -236,6 +272,7 @@ def _init(
         rng=rng,
         param_store=param_store,
         last_finite=[p.detach().clone() for p in params],
+        parallel=parallel,
     )
 
 
@@ -249,6 +286,11 @@ def svi_step(state: SVIState) -> float:
     state's own RNG and param-store state: the caller's are left as they were. The order,
     cursor, RNG state, step count and ELBO trace change only when the step completes, so after
     an interruption (``KeyboardInterrupt``) they describe the start of the step.
+
+    In a data-parallel fit (``state.parallel``) each rank evaluates its contiguous slice of the
+    same global mini-batch, the loss divided by the world size; the gradients and losses are
+    summed over the ranks (``distributed.average_gradients``), so every rank takes the step the
+    single-process fit takes, and rank 0's RNG state is carried to the next step on every rank.
 
     Args:
         state: from ``svi_init`` (or restored from a checkpoint).
@@ -269,6 +311,9 @@ def svi_step(state: SVIState) -> float:
         if cursor + batch_size > n:
             order, cursor = torch.randperm(n, device=state.device), 0
         idx = order[cursor : cursor + batch_size]
+        parallel = state.parallel
+        if parallel is not None:
+            idx = parallel.rows(idx)
         args = (data.x[idx], data.y[idx], _mask(data, idx))
         state.optimizer.zero_grad(set_to_none=True)
         try:
@@ -278,9 +323,13 @@ def svi_step(state: SVIState) -> float:
             if not is_invalid_parameter_error(e):
                 raise
             raise _rolled_back(state, args, math.nan) from e
-        loss.backward()
+        if parallel is None:
+            loss.backward()
+            value = loss.item()
+        else:
+            (loss / parallel.world_size).backward()
+            value = average_gradients(parallel, state.params, loss / parallel.world_size)
         grad_norm = torch.nn.utils.clip_grad_norm_(state.params, math.inf)
-        value = loss.item()
         if not (math.isfinite(value) and torch.isfinite(grad_norm)):
             raise _rolled_back(state, args, value)
         with torch.no_grad():  # the parameters of the last finite loss, kept
@@ -288,6 +337,8 @@ def svi_step(state: SVIState) -> float:
         state.optimizer.step()
         state.scheduler.step()
         rng = _get_rng_state(state.device)
+        if parallel is not None:
+            broadcast_state(parallel, list(rng.values()))
     state.order, state.cursor, state.rng = order, cursor + batch_size, rng
     state.step += 1
     state.elbo.append(-value)
@@ -328,6 +379,7 @@ def fit_svi(
     device: str | torch.device = "auto",
     seed: int = 0,
     init_from: Posterior | None = None,
+    distributed: bool = False,
     progress: bool = True,
     checkpoint_every: int | None = None,
     checkpoint_dir: str | os.PathLike | None = None,
@@ -366,6 +418,17 @@ def fit_svi(
             start at its values, and the guide's locations at its posterior mean of each
             latent site (the point itself for MAP), in place of the prior draws; the guide's
             scales still start at ``init_scale``. ``record["init_from"]`` names its method.
+        distributed: data-parallel SVI over the initialised default ``torch.distributed``
+            process group (``torchrun``; gloo on CPU, NCCL on GPUs). Every rank calls
+            ``fit_svi`` with the same model, data and settings (checked); each evaluates its
+            slice of the global mini-batch the single-process fit draws (same permutation and
+            seed), the gradients are all-reduced (the likelihood scaled by N over the global
+            batch, the KL counted once), and every rank takes the same step and returns the
+            same ``Posterior`` (the numbers of a single-process fit, up to float rounding, when
+            nothing in the model draws per row: no dropout, no local latents; otherwise each
+            rank's per-row draws start from rank 0's RNG state). ``batch_size`` must be
+            divisible by the world size. Only rank 0 shows progress and writes checkpoints; a
+            checkpoint resumes under any world size, or in one process.
         progress: show a tqdm bar with the running ELBO.
         checkpoint_every: write a checkpoint to ``checkpoint_dir`` every this many steps.
         checkpoint_dir: directory of the checkpoint (``inference.checkpoint``; replaced
@@ -384,9 +447,13 @@ def fit_svi(
         NonFiniteELBOError: the ELBO or a gradient became NaN/inf; names the step and site, and
             carries ``posterior``: the fit with the parameters of the last finite loss.
         KeyboardInterrupt: Ctrl-C; says where the state was saved when ``checkpoint_dir`` is set.
+        ValueError: ``distributed=True`` without a process group, a batch size that the world
+            size does not divide, or ranks with different data or settings (naming the rank).
+        distributed.RankLostError: a peer rank died or stopped answering within the process
+            group's timeout (naming it); the last checkpoint is left as it was.
     """
     settings = (guide, num_steps, batch_size, lr, lr_decay, num_particles)
-    _check_fit(model, data, *settings)
+    _check_fit(model, data, *settings, distributed)
     if checkpoint_every is not None:
         check_int("checkpoint_every", checkpoint_every, type_error=True)
         if checkpoint_dir is None:
@@ -398,16 +465,17 @@ def fit_svi(
         load_checkpoint(resume_from)  # fail before any work when it is not a checkpoint
 
     start = time.perf_counter()
-    state = _init(model, data, *settings, init_scale, device, seed, init_from)
+    state = _init(model, data, *settings, init_scale, device, seed, init_from, distributed)
     if resume_from is not None:
         restore_svi_checkpoint(state, resume_from)
+    writes = state.parallel is None or state.parallel.is_main
     # disable=None: no bar when output is not a terminal (logs stay readable)
     bar = tqdm(
         range(state.step, num_steps),
         desc="SVI",
         initial=state.step,
         total=num_steps,
-        disable=None if progress else True,
+        disable=None if progress and writes else True,
         leave=False,
     )
     try:
@@ -415,16 +483,19 @@ def fit_svi(
             value = svi_step(state)
             if step % 25 == 0 or step == num_steps - 1:
                 bar.set_postfix(elbo=f"{value:.4g}")
-            if checkpoint_every and state.step % checkpoint_every == 0:
+            if checkpoint_every and writes and state.step % checkpoint_every == 0:
                 save_svi_checkpoint(state, checkpoint_dir)
     except NonFiniteELBOError as e:
         e.posterior = _posterior(state, max(e.step - 1, 0), start)
         raise
     except KeyboardInterrupt as e:
         # the parameters are those at the start of the interrupted step
-        if checkpoint_dir is not None:
+        where = ""
+        if checkpoint_dir is not None and writes:
             save_svi_checkpoint(state, checkpoint_dir)
-        where = f"; saved to {checkpoint_dir} (resume_from=...)" if checkpoint_dir else ""
+            where = f"; saved to {checkpoint_dir} (resume_from=...)"
+        elif checkpoint_dir is not None:
+            where = f"; rank 0 saves it to {checkpoint_dir}"
         raise KeyboardInterrupt(f"fit_svi interrupted at step {state.step}{where}") from e
     return _posterior(state, num_steps, start)
 
@@ -452,6 +523,8 @@ def _posterior(state: SVIState, steps_done: int, start: float) -> Posterior:
         seconds=time.perf_counter() - start,
         elbo=list(state.elbo[:steps_done]),
     )
+    if state.parallel is not None:
+        record["world_size"] = state.parallel.world_size
     return Posterior(state.model, guide=state.guide, record=record, example=example_of(train))
 
 

@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import dataclasses
 import math
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from typing import Any
 from probtransformer.cli._common import PROG, CLIError, given
 from probtransformer.cli.options import (
     CHECKPOINT_OPTIONS,
+    DISTRIBUTED_INFERENCE,
     ENSEMBLE_OPTIONS,
     INFERENCE_GUIDES,
     KERNEL_OPTIONS,
@@ -31,6 +33,10 @@ from probtransformer.cli.rundir import check_out, write_run
 
 def run(args: argparse.Namespace) -> int:
     """Fit, evaluate on the test split, write the run directory and print the metrics.
+
+    Under ``torchrun`` (``RANK`` and ``WORLD_SIZE`` in the environment) the process joins the
+    process group and the fit is data-parallel SVI (``fit_svi(distributed=True)``); rank 0
+    evaluates, writes the run and prints, the other ranks exit 0 after the fit.
 
     Returns:
         The exit status: 0, or 130 when MCMC sampling was interrupted (Ctrl-C) and the run
@@ -53,7 +59,37 @@ def run(args: argparse.Namespace) -> int:
         args = _with_mcmc_preset(args)
     else:
         args = _with_preset(args, task.fit_preset)
+    parallel = _joined_process_group(args)
+    try:
+        return _run(args, task, guide, target, parallel)
+    finally:
+        if parallel is not None:
+            import torch.distributed
 
+            torch.distributed.destroy_process_group()
+
+
+def _joined_process_group(args: argparse.Namespace):
+    """This process's ``DataParallel`` when ``torchrun`` started it, else None.
+
+    Raises:
+        CLIError: an inference method that data-parallel SVI does not cover.
+    """
+    if not ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
+        return None
+    if args.inference not in DISTRIBUTED_INFERENCE:
+        raise CLIError(
+            f"under torchrun, --inference must be one of {', '.join(DISTRIBUTED_INFERENCE)} "
+            f"(data-parallel SVI), not {args.inference}"
+        )
+    from probtransformer.inference._runtime import resolve_device
+    from probtransformer.inference.distributed import init_from_environment
+
+    return init_from_environment(resolve_device(args.device or "auto").type)
+
+
+def _run(args: argparse.Namespace, task, guide: str | None, target: Path, parallel) -> int:
+    """``run`` after the checks: load, fit, evaluate, write and print (rank 0 only)."""
     import torch
 
     from probtransformer import datasets
@@ -74,8 +110,10 @@ def run(args: argparse.Namespace) -> int:
         if args.inference == "mcmc":
             post = _fit_mcmc(model, splits.train, args)
         else:  # svi and the MAP-based fits
-            post = _fit_svi(model, splits.train, args, guide, target)
+            post = _fit_svi(model, splits.train, args, guide, target, parallel is not None)
         seconds = time.perf_counter() - start
+        if parallel is not None and not parallel.is_main:
+            return 0
         partial = bool(post.record.get("partial"))
         if partial:  # said at once: the predictions take a while before the run is written
             print(
@@ -226,7 +264,9 @@ def _intra_op_threads(threads: int | None) -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
-def _fit_svi(model, train, args: argparse.Namespace, guide: str | None, target: Path):
+def _fit_svi(
+    model, train, args: argparse.Namespace, guide: str | None, target: Path, distributed: bool
+):
     """svi: ``fit_svi``; map, mc-dropout, ensemble: their ``MAP_FITS`` function (fit_svi's
     settings without ``guide``; ensemble: ``n_members`` too)."""
     from probtransformer import inference
@@ -258,6 +298,7 @@ def _fit_svi(model, train, args: argparse.Namespace, guide: str | None, target: 
             checkpoint_every=args.checkpoint_every,
             checkpoint_dir=checkpoint_dir,
             resume_from=args.resume_from,
+            distributed=distributed or None,
         ),
     )
 
@@ -305,7 +346,8 @@ def _fit_settings(post) -> dict[str, Any]:
             member_final_losses=[member["final_loss"] for member in record["members"]],
         )
     if record["method"] != "mcmc":
-        return dict(guide=record["guide"], num_steps=record["num_steps"])
+        settings = dict(guide=record["guide"], num_steps=record["num_steps"])
+        return settings | given(world_size=record.get("world_size"))
     chains, kept = next(iter(post.samples.values())).shape[:2]
     # no sample_stats: an interrupted worker process took them along (recorded as None)
     diverging = (record.get("sample_stats") or {}).get("diverging")

@@ -1,0 +1,262 @@
+"""Data parallelism on ``torch.distributed``: what a fit needs from the process group.
+
+The engine is PyTorch's own: ``torchrun`` starts the processes and sets ``RANK``/``WORLD_SIZE``,
+``init_process_group`` joins them (gloo on CPU, NCCL on GPUs), and gradients are averaged with one
+``all_reduce`` per step, as ``DistributedDataParallel`` and Pyro's Horovod example do. Nothing
+here starts processes or speaks its own protocol.
+
+Every collective runs through ``_collective``: a peer that died or stopped answering (the group's
+timeout) becomes a ``RankLostError`` naming the ranks that did not answer, not a hang.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+#: The process group's timeout when the CLI creates it: a lost rank is noticed within it.
+DEFAULT_TIMEOUT = timedelta(seconds=60)
+
+#: Seconds a rank waits for its peers to say they are alive after a collective failed.
+_ROLL_CALL_SECONDS = 3.0
+
+
+class RankLostError(RuntimeError):
+    """A collective failed because a peer rank died, or did not answer within the timeout.
+
+    Attributes:
+        lost: the ranks that did not answer the roll call after the failure (empty when the
+            process group's store could not be reached either).
+    """
+
+    def __init__(self, message: str, lost: Sequence[int]) -> None:
+        super().__init__(message)
+        self.lost = tuple(lost)
+
+
+@dataclass(frozen=True)
+class DataParallel:
+    """This process's place in the default process group.
+
+    Attributes:
+        rank: this process's rank, in ``[0, world_size)``.
+        world_size: number of processes in the group.
+        backend: ``"gloo"`` or ``"nccl"``.
+    """
+
+    rank: int
+    world_size: int
+    backend: str
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one process that writes checkpoints, the posterior and progress."""
+        return self.rank == 0
+
+    def rows(self, batch: torch.Tensor) -> torch.Tensor:
+        """This rank's contiguous slice of a global mini-batch ``(B,)`` of row indices."""
+        size = batch.shape[0] // self.world_size
+        return batch[self.rank * size : (self.rank + 1) * size]
+
+
+def data_parallel(device: torch.device) -> DataParallel:
+    """The default process group as a ``DataParallel``, checked for use on ``device``.
+
+    Raises:
+        ValueError: no process group is initialised (``distributed=True`` outside ``torchrun``
+            and ``init_process_group``), or an NCCL group with a CPU device.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError(
+            "distributed=True needs a torch.distributed process group, and none is initialised: "
+            "launch the script with torchrun and call "
+            "torch.distributed.init_process_group() first (`torchrun -m probtransformer fit` "
+            "does both)"
+        )
+    backend = str(dist.get_backend())
+    if backend == "nccl" and device.type != "cuda":
+        raise ValueError(
+            f"the process group's backend is nccl, which reduces CUDA tensors only, but the fit "
+            f"runs on {device}: fit on cuda, or initialise the group with backend='gloo'"
+        )
+    return DataParallel(dist.get_rank(), dist.get_world_size(), backend)
+
+
+def init_from_environment(device_type: str) -> DataParallel | None:
+    """Join the process group ``torchrun`` describes in the environment; None outside it.
+
+    Reads ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` (set by ``torchrun``; the rendezvous
+    address comes from ``MASTER_ADDR``/``MASTER_PORT``). NCCL on CUDA, with this process's GPU
+    the ``LOCAL_RANK``-th; gloo on CPU. The group's timeout is ``DEFAULT_TIMEOUT``.
+
+    Raises:
+        ValueError: ``WORLD_SIZE``/``RANK``/``LOCAL_RANK`` are not integers, or there are fewer
+            GPUs than local ranks.
+    """
+    if "WORLD_SIZE" not in os.environ or dist.is_initialized():
+        return data_parallel(torch.device(device_type)) if dist.is_initialized() else None
+    try:
+        world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ.get("RANK", "0"))
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    except ValueError as e:
+        raise ValueError(f"WORLD_SIZE, RANK and LOCAL_RANK must be integers: {e}") from None
+    backend = "gloo"
+    if device_type == "cuda":
+        if local_rank >= torch.cuda.device_count():
+            raise ValueError(
+                f"LOCAL_RANK {local_rank} needs GPU {local_rank}, but this machine has "
+                f"{torch.cuda.device_count()}: start at most that many processes per node"
+            )
+        torch.cuda.set_device(local_rank)
+        backend = "nccl"
+    dist.init_process_group(backend, timeout=DEFAULT_TIMEOUT, world_size=world, rank=rank)
+    return data_parallel(torch.device(device_type))
+
+
+@contextlib.contextmanager
+def _collective(parallel: DataParallel, what: str) -> Iterator[None]:
+    """Turn a failed collective into a ``RankLostError`` naming the ranks that are gone."""
+    try:
+        yield
+    except RuntimeError as e:  # gloo raises plain RuntimeErrors, NCCL DistBackendErrors
+        lost = _roll_call(parallel)
+        who = (
+            "rank " + ", ".join(map(str, lost)) + (" is" if len(lost) == 1 else " are") + " lost"
+            if lost
+            else "a peer rank is lost (its rank could not be told)"
+        )
+        raise RankLostError(
+            f"rank {parallel.rank}: {who}: the {what} failed ({str(e).splitlines()[0]}); "
+            "nothing was saved after the last checkpoint",
+            lost,
+        ) from e
+
+
+def _roll_call(parallel: DataParallel) -> list[int]:
+    """Ranks that do not say they are alive in the group's store within a few seconds."""
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        store.set(f"probtransformer/alive/{parallel.rank}", "1")
+        deadline = time.monotonic() + _ROLL_CALL_SECONDS
+        keys = [f"probtransformer/alive/{r}" for r in range(parallel.world_size)]
+        while time.monotonic() < deadline:
+            missing = [r for r, k in enumerate(keys) if not store.check([k])]
+            if not missing:
+                return []
+            time.sleep(0.1)
+        return missing
+    except (RuntimeError, AttributeError):
+        return []
+
+
+def check_same_fit(parallel: DataParallel, fingerprint: Sequence[float], settings: dict) -> None:
+    """Refuse to start when the ranks hold different data or settings.
+
+    Every rank loads its own copy of the data; a rank that read another file (or a different
+    number of rows) would silently fit another model.
+
+    Raises:
+        ValueError: naming the first rank whose data size, data or settings differ from rank 0's.
+    """
+    code = zlib.crc32(json.dumps(settings, sort_keys=True, default=str).encode())
+    mine = torch.tensor([*fingerprint, *[0.0] * (4 - len(fingerprint)), code], dtype=torch.float64)
+    every = [torch.empty_like(mine) for _ in range(parallel.world_size)]
+    with _collective(parallel, "check that the ranks hold the same data"):
+        dist.all_gather(every, _on_group_device(parallel, mine))
+    first = every[0].cpu()
+    for rank, other in enumerate(every):
+        other = other.cpu()
+        if other[0] != first[0]:
+            raise ValueError(
+                f"rank {rank} has {int(other[0])} training sequences but rank 0 has "
+                f"{int(first[0])}: every rank must load the same training data"
+            )
+        if not torch.equal(other[1:4], first[1:4]):
+            raise ValueError(
+                f"rank {rank}'s training data differ from rank 0's (same size, other values): "
+                "every rank must load the same training data"
+            )
+        if other[4] != first[4]:
+            raise ValueError(
+                f"rank {rank}'s fit settings differ from rank 0's: every rank must run the "
+                "same command"
+            )
+
+
+def agree(parallel: DataParallel, failure: BaseException | None, what: str) -> None:
+    """Make one rank's failure every rank's: the others would wait for it in the next collective.
+
+    Raises:
+        RuntimeError: on the ranks that did not fail when another did, naming it (the rank that
+            failed raises its own error after this returns).
+    """
+    mine = torch.tensor([0 if failure is None else 1], dtype=torch.int64)
+    every = [torch.empty_like(mine) for _ in range(parallel.world_size)]
+    with _collective(parallel, f"agreement on {what}"):
+        dist.all_gather(every, _on_group_device(parallel, mine))
+    failed = [rank for rank, flag in enumerate(every) if int(flag)]
+    if failed and failure is None:
+        raise RuntimeError(
+            f"rank {parallel.rank}: rank {', '.join(map(str, failed))} failed in {what}; "
+            "its own error says why"
+        )
+
+
+def average_gradients(
+    parallel: DataParallel, params: Sequence[torch.Tensor], loss: torch.Tensor
+) -> float:
+    """All-reduce the gradients of ``params`` and ``loss`` (one buffer); returns the summed loss.
+
+    Each rank's ``loss`` is its slice's negative ELBO divided by ``world_size`` (likelihood
+    scaled by N over the slice, so by N over the global batch after the division; the KL
+    counted once in total), so the sums are the single-process gradient and loss.
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    flat = torch.cat([g.reshape(-1) for g in grads] + [loss.detach().reshape(1)])
+    with _collective(parallel, "gradient all-reduce"):
+        dist.all_reduce(flat := _on_group_device(parallel, flat))
+    flat = flat.to(loss.device)
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+    return float(flat[-1])
+
+
+def broadcast_state(parallel: DataParallel, tensors: Sequence[torch.Tensor]) -> None:
+    """Copy rank 0's ``tensors`` (parameters, RNG states) to every rank, in place."""
+    with _collective(parallel, "broadcast from rank 0"), torch.no_grad():
+        for t in tensors:
+            moved = _on_group_device(parallel, t)
+            dist.broadcast(moved, src=0)
+            if moved is not t:
+                t.copy_(moved)
+
+
+def _on_group_device(parallel: DataParallel, t: torch.Tensor) -> torch.Tensor:
+    """``t`` where the backend reduces it: CUDA for NCCL, as it is for gloo."""
+    if parallel.backend == "nccl" and t.device.type != "cuda":
+        return t.to(torch.device("cuda", torch.cuda.current_device()))
+    return t
+
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "DataParallel",
+    "RankLostError",
+    "agree",
+    "average_gradients",
+    "broadcast_state",
+    "check_same_fit",
+    "data_parallel",
+    "init_from_environment",
+]

@@ -1,0 +1,100 @@
+"""One rank of the data-parallel SVI tests, started by ``test_distributed.py`` as ``torchrun``
+would start it (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT`` in the environment).
+
+Usage: ``python distributed_worker.py SCENARIO OUTDIR [DTYPE]``. Each rank writes what it
+observed to ``OUTDIR/rank{r}.pt`` (its fitted parameters) or ``OUTDIR/rank{r}.txt`` (its error).
+With DTYPE ``float64`` the problem is a token model in double precision (``model``/``data``), so
+that the float32 rounding of summing a batch in two halves does not hide the algorithm's numbers.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed
+
+from probtransformer.datasets import SequenceData
+from probtransformer.inference import fit_svi
+from probtransformer.inference import svi as svi_module
+from probtransformer.inference.distributed import init_from_environment
+from probtransformer.models import CausalLM, SequenceClassifier
+
+N = 48
+SETTINGS = dict(num_steps=22, batch_size=16, lr=1e-2, seed=3, device="cpu", progress=False)
+
+
+def data(n: int = N) -> SequenceData:
+    """``n`` of 48 sequences: float (48, 5, 3) features, or in float64 (48, 5) token ids."""
+    g = torch.Generator().manual_seed(0)
+    if torch.get_default_dtype() == torch.float64:
+        ids = torch.randint(0, 7, (N, 6), generator=g)
+        return SequenceData(ids[:, :-1], ids[:, 1:])[:n]
+    x = torch.randn(N, 5, 3, generator=g)  # (N, T, F)
+    mask = torch.ones(N, 5, dtype=torch.bool)
+    mask[::3, 3:] = False
+    return SequenceData(x, (x[:, 0, 0] > 0).long(), mask)[:n]
+
+
+def model() -> torch.nn.Module:
+    """A classifier, or in float64 a language model, of d_model 8 without dropout."""
+    tiny = dict(d_model=8, num_heads=2, num_layers=1, d_ff=8, dropout=0.0)
+    if torch.get_default_dtype() == torch.float64:
+        return CausalLM(7, 5, **tiny)
+    return SequenceClassifier(3, 2, 5, **tiny)
+
+
+def states(post) -> dict[str, torch.Tensor]:
+    return {
+        **{f"model.{k}": v for k, v in post.model.state_dict().items()},
+        **{f"guide.{k}": v for k, v in post.guide.state_dict().items()},
+        "elbo": torch.tensor(post.record["elbo"], dtype=torch.float64),
+    }
+
+
+def _die_at_step(step: int):
+    real = svi_module.svi_step
+
+    def svi_step(state):
+        if state.step == step:
+            os._exit(17)
+        return real(state)
+
+    return svi_step
+
+
+def main(scenario: str, out: Path) -> None:
+    parallel = init_from_environment("cpu")
+    rank = parallel.rank
+    try:
+        if scenario == "equivalence":
+            post = fit_svi(
+                model(), data(), distributed=True, checkpoint_every=5,
+                checkpoint_dir=out / "ckpt", **SETTINGS,
+            )  # fmt: skip
+            torch.save(states(post), out / f"rank{rank}.pt")
+        elif scenario == "mismatch":
+            fit_svi(model(), data(N - rank), distributed=True, **SETTINGS)
+        elif scenario == "indivisible":
+            fit_svi(model(), data(), distributed=True, **{**SETTINGS, "batch_size": 15})
+        elif scenario == "lost":
+            if rank == 1:
+                svi_module.svi_step = _die_at_step(7)
+            fit_svi(
+                model(), data(), distributed=True, checkpoint_every=5,
+                checkpoint_dir=out / "ckpt", **SETTINGS,
+            )  # fmt: skip
+    except Exception as e:
+        (out / f"rank{rank}.txt").write_text(f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
+        sys.exit(1)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    if sys.argv[3:] == ["float64"]:
+        torch.set_default_dtype(torch.float64)
+    main(sys.argv[1], Path(sys.argv[2]))

@@ -1,0 +1,130 @@
+"""Data-parallel SVI on 2 gloo processes: the numbers of one process, checkpoints that resume
+under another world size, and faults that end in clear errors instead of hangs.
+
+The ranks are started as ``torchrun`` starts them (environment variables, one interpreter each),
+running ``distributed_worker.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from probtransformer.inference import fit_svi
+from probtransformer.inference.checkpoint import load_checkpoint
+
+sys.path.insert(0, str(Path(__file__).parent))
+import distributed_worker as worker  # noqa: E402
+
+WORKER = Path(__file__).with_name("distributed_worker.py")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_ranks(
+    scenario: str, out: Path, dtype: str = "float32", world_size: int = 2, timeout: float = 150
+) -> list[int]:
+    """Start ``world_size`` ranks of ``scenario``; their exit codes (a hang fails the test)."""
+    env = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+        "WORLD_SIZE": str(world_size),
+        "OMP_NUM_THREADS": "1",
+    }
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), scenario, str(out), dtype],
+            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+        )
+        for r in range(world_size)
+    ]
+    try:
+        return [p.wait(timeout=timeout) for p in ranks]
+    finally:
+        for p in ranks:
+            p.kill()
+
+
+def _assert_close(a: dict, b: dict, atol: float, rtol: float = 0.0) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.allclose(a[name].double(), b[name].double(), rtol=rtol, atol=atol), (
+            name,
+            (a[name].double() - b[name].double()).abs().max(),
+        )
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    outer = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(outer)
+
+
+# float64: the algorithm's numbers; float32: summing a batch in two halves rounds differently,
+# and 22 Adam steps carry that to a few 1e-6 (the ELBO, about -2000 nats, to 1e-7 relative)
+@pytest.mark.parametrize(("dtype", "atol", "rtol"), [("float64", 1e-6, 0), ("float32", 2e-5, 1e-6)])
+def test_two_ranks_take_the_steps_of_one_process_and_their_checkpoint_resumes_in_one(
+    tmp_path, dtype, atol, rtol
+):
+    assert _run_ranks("equivalence", tmp_path, dtype) == [0, 0]
+    with _default_dtype(getattr(torch, dtype)):
+        # the single-process fit with the same global batches and seed
+        single = worker.states(fit_svi(worker.model(), worker.data(), **worker.SETTINGS))
+        # 22 steps of 16 of 48 rows: a reshuffle every 3 steps
+        ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+        _assert_close(ranks[0], ranks[1], 0)  # every rank took the same steps
+        _assert_close(ranks[0], single, atol, rtol)
+        # only rank 0 wrote; the last checkpoint is at step 20, mid-epoch (cursor 32 of 48)
+        meta, state = load_checkpoint(tmp_path / "ckpt")
+        assert meta["step"] == 20 and state["cursor"] == 32
+        resumed = fit_svi(
+            worker.model(), worker.data(), resume_from=tmp_path / "ckpt", **worker.SETTINGS
+        )
+        _assert_close(worker.states(resumed), single, atol, rtol)
+
+
+def test_a_rank_that_dies_is_named_and_the_last_checkpoint_stays(tmp_path):
+    codes = _run_ranks("lost", tmp_path)
+    assert codes == [1, 17]
+    error = (tmp_path / "rank0.txt").read_text()
+    assert error.startswith("RankLostError: rank 0: rank 1 is lost"), error
+    assert "nothing was saved after the last checkpoint" in error
+    meta, _ = load_checkpoint(tmp_path / "ckpt")
+    assert meta["step"] == 5 and len(meta["elbo"]) == 5
+
+
+@pytest.mark.parametrize(
+    ("scenario", "message"),
+    [
+        ("mismatch", "rank 1 has 47 training sequences but rank 0 has 48"),
+        ("indivisible", "batch_size must be divisible by the world size 2, got 15"),
+    ],
+)
+def test_ranks_that_disagree_are_refused_before_the_first_step(tmp_path, scenario, message):
+    assert _run_ranks(scenario, tmp_path) == [1, 1]
+    for r in range(2):
+        assert f"ValueError: {message}" in (tmp_path / f"rank{r}.txt").read_text()
+
+
+def test_distributed_without_a_process_group_is_refused():
+    with pytest.raises(ValueError, match="needs a torch.distributed process group"):
+        fit_svi(worker.model(), worker.data(), distributed=True, **worker.SETTINGS)
+    with pytest.raises(TypeError, match="distributed must be True or False, got 1"):
+        fit_svi(worker.model(), worker.data(), distributed=1, **worker.SETTINGS)

@@ -67,6 +67,15 @@ class DataParallel:
         size = batch.shape[0] // self.world_size
         return batch[self.rank * size : (self.rank + 1) * size]
 
+    def share(self, n: int) -> slice:
+        """This rank's contiguous share of ``n`` rows: rank ``r`` of ``W`` gets
+        ``[ceil(n r / W), ceil(n (r + 1) / W))`` (sizes differ by at most one)."""
+        return _share(n, self.rank, self.world_size)
+
+
+def _share(n: int, rank: int, world_size: int) -> slice:
+    return slice(-(-n * rank // world_size), -(-n * (rank + 1) // world_size))
+
 
 def data_parallel(device: torch.device) -> DataParallel:
     """The default process group as a ``DataParallel``, checked for use on ``device``.
@@ -232,6 +241,28 @@ def average_gradients(
     return float(flat[-1])
 
 
+def gather_rows(
+    parallel: DataParallel, out: dict[str, torch.Tensor], n: int, dim: int = 2
+) -> dict[str, torch.Tensor]:
+    """All-gather each rank's ``share(n)`` of rows (dim ``dim``) into the whole, in row order.
+
+    Shares differ in size by at most one row: each is padded to the largest for the all-gather
+    and cut back after it.
+    """
+    sizes = [len(range(n)[_share(n, r, parallel.world_size)]) for r in range(parallel.world_size)]
+    whole = {}
+    with _collective(parallel, "gather of the predictions"):
+        for key, value in out.items():
+            pad = list(value.shape)
+            pad[dim] = max(sizes) - value.shape[dim]
+            padded = _on_group_device(parallel, torch.cat([value, value.new_zeros(pad)], dim))
+            every = [torch.empty_like(padded) for _ in sizes]
+            dist.all_gather(every, padded)
+            pieces = [t.narrow(dim, 0, m) for t, m in zip(every, sizes, strict=True)]
+            whole[key] = torch.cat(pieces, dim).to(value.device)
+    return whole
+
+
 def broadcast_state(parallel: DataParallel, tensors: Sequence[torch.Tensor]) -> None:
     """Copy rank 0's ``tensors`` (parameters, RNG states) to every rank, in place."""
     with _collective(parallel, "broadcast from rank 0"), torch.no_grad():
@@ -258,5 +289,6 @@ __all__ = [
     "broadcast_state",
     "check_same_fit",
     "data_parallel",
+    "gather_rows",
     "init_from_environment",
 ]

@@ -13,6 +13,7 @@ from probtransformer.inference._runtime import seeded
 from probtransformer.inference.arviz import to_inference_data
 from probtransformer.inference.decoding import NextTokenDecoder
 from probtransformer.inference.diagnostics import diagnose
+from probtransformer.inference.distributed import data_parallel, gather_rows
 from probtransformer.inference.draws import (
     DEFAULT_NUM_SAMPLES,
     Draws,
@@ -276,17 +277,30 @@ class Posterior:
             raise ValueError(f"data.y is None: {what} needs observed targets")
         return self._inputs(data.x, data.mask, data.y)
 
-    def _run(self, read, x, y, mask, draws, num_samples, seed, batch_size, memory_budget):
-        """``read`` outputs ``(chain, draw, n, ...)`` over ``draws`` (None: fresh draws)."""
+    def _run(
+        self, read, x, y, mask, draws, num_samples, seed, batch_size, memory_budget, distributed
+    ):
+        """``read`` outputs ``(chain, draw, n, ...)`` over ``draws`` (None: fresh draws); with
+        ``distributed``, this rank's contiguous share of the rows, all-gathered in row order."""
+        if not isinstance(distributed, bool):
+            raise TypeError(f"distributed must be True or False, got {distributed!r}")
+        parallel = data_parallel(self.device) if distributed else None
         if draws is None:
             draws = self.draw(num_samples, seed=seed)
         local = set(draws.latents) & set(self.local_shapes)
         if local and self.record.get("training_data_sha256") != rows_digest(x, y, mask):
             draws = draws.without(local)  # kept local latents belong to the training rows
+        n = x.shape[0]
+        if parallel is not None:
+            rows = parallel.share(n)
+            x, y, mask = (None if t is None else t[rows] for t in (x, y, mask))
+            kept = {k: v[:, :, rows] if k in local else v for k, v in draws.latents.items()}
+            draws = Draws(kept, draws.chains, draws.per_chain, draws.states, draws.dropout)
         engine = PredictionEngine(self.model, guide=self.guide, local_sites=self.local_shapes)
-        return engine.run(
+        out = engine.run(
             draws, x, y, mask, read, seed=seed, batch_size=batch_size, memory_budget=memory_budget
         )
+        return out if parallel is None else gather_rows(parallel, out, n)
 
     def predict(
         self,
@@ -298,6 +312,7 @@ class Posterior:
         batch_size: int = DEFAULT_BATCH_SIZE,
         memory_budget: int | None = DEFAULT_MEMORY_BUDGET,
         draws: Draws | None = None,
+        distributed: bool = False,
     ) -> Prediction | RegressionPrediction:
         """Posterior predictive for new inputs, from ``num_samples`` draws in one batched pass.
 
@@ -311,6 +326,12 @@ class Posterior:
             memory_budget: bytes the intermediates of one forward pass may take (default 256 MiB;
                 None: no limit); rows and, if need be, draws are split into passes to fit.
             draws: explicit draws (``draw``) instead of ``num_samples`` fresh ones.
+            distributed: split the rows over the ranks of the initialised ``torch.distributed``
+                process group (``torchrun``): every rank calls ``predict`` with the same
+                arguments, runs a contiguous share of the rows with the same draws, and receives
+                the whole result, all-gathered in row order. Probabilities, locations and
+                variances equal one process's; random draws per row (regression ``samples``,
+                MC-dropout masks) start each rank's share from ``seed``, so they differ.
 
         Returns:
             Classification (categorical likelihood): ``Prediction`` with ``probs (S, N, C)``.
@@ -318,11 +339,15 @@ class Posterior:
             ``(S, N, ...)``. CPU tensors.
 
         Raises:
-            TypeError/ValueError: malformed inputs (see the model's ``validate``).
+            TypeError/ValueError: malformed inputs (see the model's ``validate``);
+                ``distributed=True`` without a process group.
+            distributed.RankLostError: a peer rank died or did not answer in time.
         """
         x, mask, _ = self._inputs(x, mask)
         read = predictive_reader(self.model.likelihood_site)
-        out = self._run(read, x, None, mask, draws, num_samples, seed, batch_size, memory_budget)
+        out = self._run(
+            read, x, None, mask, draws, num_samples, seed, batch_size, memory_budget, distributed
+        )
         out = {k: v.flatten(0, 1) for k, v in out.items()}
         return Prediction(**out) if "probs" in out else RegressionPrediction(**out)
 
@@ -360,7 +385,9 @@ class Posterior:
             raise ValueError(f"module must be one of {sorted(kinds)}, got {module!r}")
         x, mask, _ = self._inputs(x, mask)
         read = attention_reader(kinds[module])
-        out = self._run(read, x, None, mask, draws, num_samples, seed, batch_size, memory_budget)
+        out = self._run(
+            read, x, None, mask, draws, num_samples, seed, batch_size, memory_budget, False
+        )
         return PosteriorAttention(samples=out["attention"], module=module)
 
     def log_likelihood(self, data: SequenceData, **options) -> torch.Tensor:
@@ -396,7 +423,7 @@ class Posterior:
         x, mask, y = self._inputs(data.x, data.mask, data.y)
         read = pointwise_reader(self.model.likelihood_site, log_lik=y is not None)
         budget = DEFAULT_MEMORY_BUDGET
-        out = self._run(read, x, y, mask, draws, num_samples, seed, batch_size, budget)
+        out = self._run(read, x, y, mask, draws, num_samples, seed, batch_size, budget, False)
         return out.get("log_lik"), out["replicated"]
 
     # -- export, diagnostics, persistence: the functions of their modules, as methods ----------

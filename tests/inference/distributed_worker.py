@@ -75,7 +75,12 @@ def main(scenario: str, out: Path) -> None:
                 model(), data(), distributed=True, checkpoint_every=5,
                 checkpoint_dir=out / "ckpt", **SETTINGS,
             )  # fmt: skip
-            torch.save(states(post), out / f"rank{rank}.pt")
+            x = data().x[:47]  # shares of 24 and 23 rows
+            predictions = {
+                "distributed": post.predict(x, num_samples=5, distributed=True).probs,
+                "one_process": post.predict(x, num_samples=5).probs,
+            }
+            torch.save({"states": states(post), "predictions": predictions}, out / f"rank{rank}.pt")
         elif scenario == "mismatch":
             fit_svi(model(), data(N - rank), distributed=True, **SETTINGS)
         elif scenario == "indivisible":

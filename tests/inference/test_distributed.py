@@ -8,6 +8,7 @@ running ``distributed_worker.py``.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from probtransformer.cli import main
 from probtransformer.inference import fit_svi
 from probtransformer.inference.checkpoint import load_checkpoint
 
@@ -88,7 +90,8 @@ def test_two_ranks_take_the_steps_of_one_process_and_their_checkpoint_resumes_in
         # the single-process fit with the same global batches and seed
         single = worker.states(fit_svi(worker.model(), worker.data(), **worker.SETTINGS))
         # 22 steps of 16 of 48 rows: a reshuffle every 3 steps
-        ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+        saved = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+        ranks = [r["states"] for r in saved]
         _assert_close(ranks[0], ranks[1], 0)  # every rank took the same steps
         _assert_close(ranks[0], single, atol, rtol)
         # only rank 0 wrote; the last checkpoint is at step 20, mid-epoch (cursor 32 of 48)
@@ -98,6 +101,13 @@ def test_two_ranks_take_the_steps_of_one_process_and_their_checkpoint_resumes_in
             worker.model(), worker.data(), resume_from=tmp_path / "ckpt", **worker.SETTINGS
         )
         _assert_close(worker.states(resumed), single, atol, rtol)
+    # predict(distributed=True): each rank ran its share of 47 rows; every rank has them all
+    for r in saved:
+        predictions = r["predictions"]
+        assert predictions["distributed"].shape == predictions["one_process"].shape
+        assert predictions["distributed"].shape[:2] == (5, 47)
+        difference = (predictions["distributed"] - predictions["one_process"]).abs().max()
+        assert difference <= atol, difference
 
 
 def test_a_rank_that_dies_is_named_and_the_last_checkpoint_stays(tmp_path):
@@ -128,3 +138,40 @@ def test_distributed_without_a_process_group_is_refused():
         fit_svi(worker.model(), worker.data(), distributed=True, **worker.SETTINGS)
     with pytest.raises(TypeError, match="distributed must be True or False, got 1"):
         fit_svi(worker.model(), worker.data(), distributed=1, **worker.SETTINGS)
+    post = fit_svi(worker.model(), worker.data(), **{**worker.SETTINGS, "num_steps": 1})
+    with pytest.raises(ValueError, match="needs a torch.distributed process group"):
+        post.predict(worker.data().x, distributed=True)
+
+
+CLI_FIT = [
+    "fit", "--num-steps", "30", "--d-model", "16", "--num-heads", "2", "--num-layers", "1",
+    "--num-samples", "10", "--no-progress", "--dropout", "0", "--threads", "1",
+]  # fmt: skip
+
+
+def test_torchrun_runs_the_cli_fit_data_parallel(tmp_path, capsys):
+    launched = subprocess.run(
+        [
+            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+            "--master-port", str(_free_port()),
+            "-m", "probtransformer", *CLI_FIT, "--out", str(tmp_path / "two"),
+        ],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert launched.returncode == 0, launched.stderr
+    assert launched.stdout.count("wrote ") == 1  # rank 0 alone evaluates, writes and prints
+    assert main([*CLI_FIT, "--out", str(tmp_path / "one")]) == 0
+    two, one = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("two", "one"))
+    assert two.pop("world_size") == 2 and "world_size" not in one
+    for key in ("nll", "accuracy", "ece", "brier"):
+        assert two[key] == pytest.approx(one[key], abs=1e-5), key
+
+
+def test_the_cli_refuses_what_torchrun_cannot_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main([*CLI_FIT, "--inference", "ensemble", "--out", str(tmp_path / "r")]) == 2
+    assert "under torchrun, --inference must be one of svi, map, mc-dropout" in (
+        capsys.readouterr().err
+    )
+    assert not (tmp_path / "r").exists()

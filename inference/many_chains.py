@@ -28,6 +28,7 @@ from pyro import poutine
 from tqdm.auto import tqdm
 
 from probtransformer.inference._runtime import pyro_scope, reinitialised_copy, seeded
+from probtransformer.inference.distributed import DataParallel, broadcast_state
 from probtransformer.inference.engine import activation_bytes
 from probtransformer.inference.model_checks import DRAWS_DIM, DRAWS_PLATE
 from probtransformer.inference.samplers import MCLMC, ChainRNG, ChEES
@@ -75,8 +76,14 @@ def run_many_chains(
     map_steps: int,
     seed: int,
     progress: bool,
+    parallel: DataParallel | None = None,
 ) -> tuple[dict, dict | None, dict, dict]:
     """Sample ``model`` (eval mode, point estimates fixed) on ``train`` with K chains.
+
+    With ``parallel`` the chains' log densities are sharded over its ranks
+    (``VectorizedDensity.sharded``): every rank runs the starts and the sampler on all K
+    states, from rank 0's starts and point estimates, and evaluates its share of the chains.
+    Every rank returns the same draws, those of one process.
 
     With ``"map"``/``"ensemble"`` starts the model's plain parameters are fitted per start
     (start ``m`` from the model re-initialised with ``seed + m``) and each chain keeps its
@@ -126,6 +133,11 @@ def run_many_chains(
             for name, value in density.parameters.items()
         }
     z0 = starts.repeat_interleave(num_chains // num_starts, dim=0)
+    log_density = density.log_density
+    if parallel is not None:  # rank 0's starts and point estimates on every rank
+        shared = [z0, *model.parameters(), *(density.parameters or {}).values()]
+        broadcast_state(parallel, shared)
+        log_density = density.sharded(parallel)
     _check_finite(density, z0)
     superchain = [k // (num_chains // num_starts) for k in range(num_chains)]
     start_seconds = time.perf_counter() - start_time
@@ -133,7 +145,7 @@ def run_many_chains(
     rng = ChainRNG(seed, num_chains, device)
     if kernel == "chees":
         sampler = ChEES(
-            density.log_density,
+            log_density,
             rng,
             num_warmup,
             step_size=step_size,
@@ -142,7 +154,7 @@ def run_many_chains(
         )
         draws = _chees_draws(sampler, z0, num_warmup, num_samples)
     else:
-        sampler = MCLMC(density.log_density, rng)
+        sampler = MCLMC(log_density, rng)
         draws = _mclmc_draws(sampler, z0, num_warmup, num_samples)
     kept, stats, partial = [], {}, False
     clock = {"warmup": time.perf_counter()}

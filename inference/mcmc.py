@@ -23,6 +23,7 @@ from probtransformer.inference._runtime import (
     resolve_device,
     seeded,
 )
+from probtransformer.inference.distributed import DataParallel, data_parallel
 from probtransformer.inference.guides import has_local_latents
 from probtransformer.inference.inputs import (
     check_model,
@@ -89,6 +90,7 @@ def fit_mcmc(
     device: str | torch.device = "auto",
     seed: int = 0,
     progress: bool = True,
+    distributed: bool = False,
 ) -> Posterior:
     """Sample the posterior of ``model`` given ``data`` by NUTS, HMC, ChEES-HMC or MCLMC.
 
@@ -178,6 +180,15 @@ def fit_mcmc(
         device: ``"auto"``, ``"cpu"``, ``"cuda"`` ...; CPU data is moved there.
         seed: seeds initialisation, MAP and sampling; same seed, same draws on one machine.
         progress: show a progress bar (Pyro's per chain for NUTS/HMC).
+        distributed: shard the K chains of ``"chees"``/``"mclmc"`` over the ranks of the
+            initialised ``torch.distributed`` process group (``torchrun``; gloo on CPU, NCCL on
+            GPUs). Every rank calls ``fit_mcmc`` with the same model, data and settings; each
+            evaluates the log density of its contiguous share of the chains, and the values
+            and gradients are all-gathered in chain order, so the adaptation (step size,
+            trajectory length, mass matrix) reduces the same numbers in chain order on every
+            rank, and every rank returns the one ``Posterior`` of K chains that one process
+            gives (the same draws). Starts and point estimates are rank 0's. Only rank 0
+            shows progress. ``num_chains`` must be at least the world size.
 
     Returns:
         A ``Posterior`` holding ``samples = {site: (chain, draw, *shape)}`` (local latents
@@ -198,7 +209,10 @@ def fit_mcmc(
             sites the Posterior could not keep (before sampling; see ``check_sampled_sites``);
             K not a multiple of M; kept draws over ``many_chains.MAX_DRAW_BYTES`` (with the
             estimate); a model whose K-chain log density differs from single-chain evaluations
-            (names the site); a non-finite initial log density (names the chain and site).
+            (names the site); a non-finite initial log density (names the chain and site);
+            ``distributed=True`` without a process group, with NUTS/HMC, or with fewer chains
+            than ranks.
+        distributed.RankLostError: a peer rank died or stopped answering in time (naming it).
     """
     check_model(model)
     _refuse_hard_attention(model)
@@ -257,6 +271,9 @@ def fit_mcmc(
     if not (isinstance(step_size, (int, float)) and math.isfinite(step_size) and step_size > 0):
         raise ValueError(f"step_size must be a finite number > 0, got {step_size!r}")
     device = resolve_device(device)
+    parallel = _sharding(distributed, kernel, num_chains, device)
+    if parallel is not None and not parallel.is_main:
+        progress = False
     if data.x.device.type != "cpu" and data.x.device != device:
         raise ValueError(
             f"data is on {data.x.device} but device={str(device)!r} was requested: move the data "
@@ -327,8 +344,11 @@ def fit_mcmc(
             map_steps=map_steps,
             seed=seed,
             progress=progress,
+            parallel=parallel,
         )
         extra["parallel"] = False
+        if parallel is not None:
+            extra["world_size"] = parallel.world_size
         point_estimates = extra.pop("point_estimates")
     else:
         members = None
@@ -354,6 +374,26 @@ def fit_mcmc(
     return Posterior(
         model, samples=samples, members=members, record=record, example=example_of(train)
     )
+
+
+def _sharding(distributed: object, kernel: str, num_chains: int, device) -> DataParallel | None:
+    """The process group the chains are sharded over (``distributed=True``), checked."""
+    if not isinstance(distributed, bool):
+        raise TypeError(f"distributed must be True or False, got {distributed!r}")
+    if not distributed:
+        return None
+    if kernel not in MANY_CHAIN_KERNELS:
+        raise ValueError(
+            f"distributed=True shards the chains of the many-chain kernels {MANY_CHAIN_KERNELS}; "
+            f"kernel={kernel!r} runs Pyro's chains, as processes of one machine"
+        )
+    parallel = data_parallel(device)
+    if num_chains < parallel.world_size:
+        raise ValueError(
+            f"num_chains must be at least the world size {parallel.world_size} (every rank "
+            f"evaluates a share of the chains), got {num_chains}"
+        )
+    return parallel
 
 
 def _check_starts(kernel: str, init: object, num_starts: object, num_chains: int) -> None:

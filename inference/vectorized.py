@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pyro
@@ -37,6 +37,7 @@ from torch.distributions.transforms import identity_transform
 
 from probtransformer.attention import LOCAL_LATENT
 from probtransformer.inference._runtime import is_invalid_parameter_error, pyro_scope
+from probtransformer.inference.distributed import DataParallel, gather_rows
 from probtransformer.inference.engine import DEFAULT_MEMORY_BUDGET, activation_bytes
 from probtransformer.inference.model_checks import (
     DRAWS_DIM,
@@ -387,6 +388,25 @@ class VectorizedDensity:
             for name, site in trace.nodes.items()
             if site["type"] == "sample"
         }
+
+    def sharded(self, parallel: DataParallel) -> Callable[[torch.Tensor], tuple]:
+        """``log_density`` with the K chains split over the ranks of ``parallel``.
+
+        Every rank holds the same ``z (K, D)``; it evaluates its contiguous share of the chains
+        (``DataParallel.share``; per-chain ``parameters`` cut to them), and the log densities
+        ``(K,)`` and gradients ``(K, D)`` are all-gathered in chain order, so every rank gets
+        what ``log_density(z)`` gives, and the samplers' cross-chain statistics are computed
+        from the same numbers on every rank.
+        """
+
+        def log_density(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            chains = torch.arange(len(z), device=z.device)[parallel.share(len(z))]
+            with self._chains(chains):
+                lp, grad = self.log_density(z[chains])
+            every = gather_rows(parallel, {"lp": lp, "grad": grad}, len(z), dim=0)
+            return every["lp"], every["grad"]
+
+        return log_density
 
     @contextlib.contextmanager
     def _chains(self, index: torch.Tensor) -> Iterator[None]:

@@ -10,6 +10,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,8 +36,9 @@ def run(args: argparse.Namespace) -> int:
     """Fit, evaluate on the test split, write the run directory and print the metrics.
 
     Under ``torchrun`` (``RANK`` and ``WORLD_SIZE`` in the environment) the process joins the
-    process group and the fit is data-parallel SVI (``fit_svi(distributed=True)``); rank 0
-    evaluates, writes the run and prints, the other ranks exit 0 after the fit.
+    process group, and the fit is data-parallel SVI (``fit_svi(distributed=True)``) or, for
+    the many-chain kernels, sharded chains (``fit_mcmc(distributed=True)``); rank 0 evaluates,
+    writes the run and prints, the other ranks exit 0 after the fit.
 
     Returns:
         The exit status: 0, or 130 when MCMC sampling was interrupted (Ctrl-C) and the run
@@ -77,15 +79,22 @@ def _joined_process_group(args: argparse.Namespace):
     """
     if not ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
         return None
-    if args.inference not in DISTRIBUTED_INFERENCE:
+    sharded = args.inference == "mcmc" and args.kernel in MANY_CHAIN_KERNELS
+    if args.inference not in DISTRIBUTED_INFERENCE and not sharded:
+        kernels = " or ".join(MANY_CHAIN_KERNELS)
         raise CLIError(
             f"under torchrun, --inference must be one of {', '.join(DISTRIBUTED_INFERENCE)} "
-            f"(data-parallel SVI), not {args.inference}"
+            f"(data-parallel SVI) or mcmc with --kernel {kernels} (sharded chains), not "
+            f"{args.inference}"
+            + (f" with --kernel {args.kernel}" if args.inference == "mcmc" else "")
         )
     from probtransformer.inference._runtime import resolve_device
     from probtransformer.inference.distributed import init_from_environment
 
-    return init_from_environment(resolve_device(args.device or "auto").type)
+    parallel = init_from_environment(resolve_device(args.device or "auto").type)
+    if not parallel.is_main:  # every rank runs the same code: rank 0 says it once
+        warnings.filterwarnings("ignore")
+    return parallel
 
 
 def _run(args: argparse.Namespace, task, guide: str | None, target: Path, parallel) -> int:
@@ -108,7 +117,7 @@ def _run(args: argparse.Namespace, task, guide: str | None, target: Path, parall
     with _intra_op_threads(args.threads):
         start = time.perf_counter()
         if args.inference == "mcmc":
-            post = _fit_mcmc(model, splits.train, args)
+            post = _fit_mcmc(model, splits.train, args, parallel is not None)
         else:  # svi and the MAP-based fits
             post = _fit_svi(model, splits.train, args, guide, target, parallel is not None)
         seconds = time.perf_counter() - start
@@ -138,6 +147,7 @@ def _run(args: argparse.Namespace, task, guide: str | None, target: Path, parall
             val_fraction=meta["val_fraction"],
             inference=args.inference,
             **_fit_settings(post),
+            **given(world_size=post.record.get("world_size")),  # under torchrun
             num_samples=evaluation.num_samples,
             seed=args.seed,
             device=str(post.device),
@@ -303,7 +313,7 @@ def _fit_svi(
     )
 
 
-def _fit_mcmc(model, train, args: argparse.Namespace):
+def _fit_mcmc(model, train, args: argparse.Namespace, distributed: bool):
     """``fit_mcmc`` with the MCMC options that were set (after the preset, only those that
     apply to the kernel); its ValueErrors (e.g. --num-starts not dividing --num-chains) reach
     the user as one line."""
@@ -327,6 +337,7 @@ def _fit_mcmc(model, train, args: argparse.Namespace):
             jit_compile=args.jit_compile,
             map_steps=args.map_steps,
             device=args.device,
+            distributed=distributed or None,
         ),
     )
 
@@ -346,8 +357,7 @@ def _fit_settings(post) -> dict[str, Any]:
             member_final_losses=[member["final_loss"] for member in record["members"]],
         )
     if record["method"] != "mcmc":
-        settings = dict(guide=record["guide"], num_steps=record["num_steps"])
-        return settings | given(world_size=record.get("world_size"))
+        return dict(guide=record["guide"], num_steps=record["num_steps"])
     chains, kept = next(iter(post.samples.values())).shape[:2]
     # no sample_stats: an interrupted worker process took them along (recorded as None)
     diverging = (record.get("sample_stats") or {}).get("diverging")

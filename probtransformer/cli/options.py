@@ -12,7 +12,8 @@ INFERENCE_GUIDES = {"svi": None, "map": "delta", "mc-dropout": "delta", "ensembl
 SVI_OPTIONS = ("guide", "num_steps", "batch_size", "lr")  # fit_svi settings: all but mcmc
 CHECKPOINT_OPTIONS = ("checkpoint_every", "checkpoint_dir", "resume_from")  # svi and map only
 ENSEMBLE_OPTIONS = ("n_members",)  # fit_ensemble settings: ensemble only
-#: The inference methods that ``torchrun`` runs data-parallel: those built on ``fit_svi``.
+#: The inference methods that ``torchrun`` runs data-parallel: those built on ``fit_svi`` (and
+#: mcmc with a many-chain kernel, its chains sharded).
 DISTRIBUTED_INFERENCE = ("svi", "map", "mc-dropout")
 #: The MAP-based fits of ``probtransformer.inference.baselines``, by --inference.
 MAP_FITS = {"map": "fit_map", "mc-dropout": "fit_mc_dropout", "ensemble": "fit_ensemble"}

@@ -18,7 +18,7 @@ import torch
 import torch.distributed
 
 from probtransformer.datasets import SequenceData
-from probtransformer.inference import fit_svi
+from probtransformer.inference import fit_mcmc, fit_svi
 from probtransformer.inference import svi as svi_module
 from probtransformer.inference.distributed import init_from_environment
 from probtransformer.models import CausalLM, SequenceClassifier
@@ -55,6 +55,26 @@ def states(post) -> dict[str, torch.Tensor]:
     }
 
 
+#: Sharded chains: 6 chains from 3 ensemble starts (shares of 3 per rank), short runs.
+CHAINS = dict(
+    num_chains=6, num_starts=3, init="ensemble", num_warmup=30, num_samples=10, map_steps=20,
+    device="cpu", seed=5, progress=False,
+)  # fmt: skip
+
+
+def chains(kernel: str, **options) -> dict[str, torch.Tensor]:
+    """The draws and per-chain statistics of a short many-chain fit."""
+    post = fit_mcmc(model(), data(), kernel=kernel, **CHAINS, **options)
+    assert post.record.get("world_size") == (2 if options else None)
+    stats = post.record["sample_stats"]
+    return {
+        **{f"samples.{k}": v for k, v in post.samples.items()},
+        **{f"members.{k}": v for k, v in (post.members or {}).items()},
+        "lp": torch.tensor(stats["lp"], dtype=torch.float64),
+        "adapted_step_size": torch.tensor(post.record["adapted_step_size"]),
+    }
+
+
 def _die_at_step(step: int):
     real = svi_module.svi_step
 
@@ -81,6 +101,11 @@ def main(scenario: str, out: Path) -> None:
                 "one_process": post.predict(x, num_samples=5).probs,
             }
             torch.save({"states": states(post), "predictions": predictions}, out / f"rank{rank}.pt")
+        elif scenario == "chains":
+            torch.save(
+                {kernel: chains(kernel, distributed=True) for kernel in ("chees", "mclmc")},
+                out / f"rank{rank}.pt",
+            )
         elif scenario == "mismatch":
             fit_svi(model(), data(N - rank), distributed=True, **SETTINGS)
         elif scenario == "indivisible":

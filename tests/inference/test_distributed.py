@@ -110,6 +110,17 @@ def test_two_ranks_take_the_steps_of_one_process_and_their_checkpoint_resumes_in
         assert difference <= atol, difference
 
 
+@pytest.mark.filterwarnings("ignore:num_warmup=30 is short")
+def test_sharded_chains_give_the_draws_of_one_process(tmp_path):
+    assert _run_ranks("chains", tmp_path) == [0, 0]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    for kernel in ("chees", "mclmc"):
+        single = worker.chains(kernel)
+        assert single["samples.head.weight"].shape[:2] == (6, 10)  # (chain, draw, ...)
+        _assert_close(ranks[0][kernel], ranks[1][kernel], 0)  # one Posterior on every rank
+        _assert_close(ranks[0][kernel], single, 0)
+
+
 def test_a_rank_that_dies_is_named_and_the_last_checkpoint_stays(tmp_path):
     codes = _run_ranks("lost", tmp_path)
     assert codes == [1, 17]

@@ -178,9 +178,10 @@ def check_same_fit(parallel: DataParallel, fingerprint: Sequence[float], setting
     """
     code = zlib.crc32(json.dumps(settings, sort_keys=True, default=str).encode())
     mine = torch.tensor([*fingerprint, *[0.0] * (4 - len(fingerprint)), code], dtype=torch.float64)
+    mine = _on_group_device(parallel, mine)
     every = [torch.empty_like(mine) for _ in range(parallel.world_size)]
     with _collective(parallel, "check that the ranks hold the same data"):
-        dist.all_gather(every, _on_group_device(parallel, mine))
+        dist.all_gather(every, mine)
     first = every[0].cpu()
     for rank, other in enumerate(every):
         other = other.cpu()
@@ -208,10 +209,10 @@ def agree(parallel: DataParallel, failure: BaseException | None, what: str) -> N
         RuntimeError: on the ranks that did not fail when another did, naming it (the rank that
             failed raises its own error after this returns).
     """
-    mine = torch.tensor([0 if failure is None else 1], dtype=torch.int64)
+    mine = _on_group_device(parallel, torch.tensor([0 if failure is None else 1]))
     every = [torch.empty_like(mine) for _ in range(parallel.world_size)]
     with _collective(parallel, f"agreement on {what}"):
-        dist.all_gather(every, _on_group_device(parallel, mine))
+        dist.all_gather(every, mine)
     failed = [rank for rank, flag in enumerate(every) if int(flag)]
     if failed and failure is None:
         raise RuntimeError(

@@ -87,8 +87,11 @@ def _die_at_step(step: int):
 
 
 def main(scenario: str, out: Path) -> None:
-    parallel = init_from_environment("cpu")
-    rank = parallel.rank
+    if scenario == "cuda-gloo":  # gloo reducing CUDA tensors
+        torch.distributed.init_process_group("gloo")
+        rank = torch.distributed.get_rank()
+    else:  # NCCL for "cuda-nccl", gloo on CPU otherwise
+        rank = init_from_environment("cuda" if scenario == "cuda-nccl" else "cpu").rank
     try:
         if scenario == "equivalence":
             post = fit_svi(
@@ -101,6 +104,9 @@ def main(scenario: str, out: Path) -> None:
                 "one_process": post.predict(x, num_samples=5).probs,
             }
             torch.save({"states": states(post), "predictions": predictions}, out / f"rank{rank}.pt")
+        elif scenario.startswith("cuda"):
+            post = fit_svi(model(), data(), distributed=True, **{**SETTINGS, "device": "cuda"})
+            torch.save({"states": states(post)}, out / f"rank{rank}.pt")
         elif scenario == "chains":
             torch.save(
                 {kernel: chains(kernel, distributed=True) for kernel in ("chees", "mclmc")},

@@ -110,6 +110,21 @@ def test_two_ranks_take_the_steps_of_one_process_and_their_checkpoint_resumes_in
         assert difference <= atol, difference
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize(("scenario", "world_size"), [("cuda-nccl", 1), ("cuda-gloo", 2)])
+def test_data_parallel_svi_on_a_gpu(tmp_path, scenario, world_size):
+    """NCCL at world size 1, and gloo reducing CUDA tensors with 2 ranks on the one GPU. Two
+    GPUs (NCCL, world size 2) are checked by hand: ``torchrun --nproc-per-node 2 -m
+    probtransformer fit --dataset digits --device cuda --dropout 0`` gives the metrics of the
+    same command without torchrun (float rounding aside)."""
+    assert _run_ranks(scenario, tmp_path, world_size=world_size) == [0] * world_size
+    single = worker.states(
+        fit_svi(worker.model(), worker.data(), **worker.SETTINGS | {"device": "cuda"})
+    )
+    for r in range(world_size):
+        _assert_close(torch.load(tmp_path / f"rank{r}.pt")["states"], single, 2e-5, 1e-6)
+
+
 @pytest.mark.filterwarnings("ignore:num_warmup=30 is short")
 def test_sharded_chains_give_the_draws_of_one_process(tmp_path):
     assert _run_ranks("chains", tmp_path) == [0, 0]

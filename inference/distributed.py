@@ -68,12 +68,13 @@ class DataParallel:
         return batch[self.rank * size : (self.rank + 1) * size]
 
     def share(self, n: int) -> slice:
-        """This rank's contiguous share of ``n`` rows: rank ``r`` of ``W`` gets
-        ``[ceil(n r / W), ceil(n (r + 1) / W))`` (sizes differ by at most one)."""
+        """This rank's contiguous share of ``n`` rows (or chains); shares differ in size by at
+        most one, and rank order is row order."""
         return _share(n, self.rank, self.world_size)
 
 
 def _share(n: int, rank: int, world_size: int) -> slice:
+    """Rows ``[ceil(n rank / world_size), ceil(n (rank + 1) / world_size))``."""
     return slice(-(-n * rank // world_size), -(-n * (rank + 1) // world_size))
 
 
@@ -105,14 +106,17 @@ def init_from_environment(device_type: str) -> DataParallel | None:
 
     Reads ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` (set by ``torchrun``; the rendezvous
     address comes from ``MASTER_ADDR``/``MASTER_PORT``). NCCL on CUDA, with this process's GPU
-    the ``LOCAL_RANK``-th; gloo on CPU. The group's timeout is ``DEFAULT_TIMEOUT``.
+    the ``LOCAL_RANK``-th; gloo on CPU. The group's timeout is ``DEFAULT_TIMEOUT``. A group the
+    caller initialised already is used as it is.
 
     Raises:
         ValueError: ``WORLD_SIZE``/``RANK``/``LOCAL_RANK`` are not integers, or there are fewer
             GPUs than local ranks.
     """
-    if "WORLD_SIZE" not in os.environ or dist.is_initialized():
-        return data_parallel(torch.device(device_type)) if dist.is_initialized() else None
+    if dist.is_initialized():  # joined already, by the caller
+        return data_parallel(torch.device(device_type))
+    if "WORLD_SIZE" not in os.environ:
+        return None
     try:
         world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ.get("RANK", "0"))
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))

@@ -174,7 +174,7 @@ def fit_ensemble(
             unknown keyword, bad model or data; ``batched=True`` with checkpoint options.
         ValueError: ``n_members < 1``; a model with local latents (stochastic attention); bad
             settings (``fit_svi``); ``batched=True`` and a model that does not vectorize over
-            members (names the site).
+            members (names the site); ``distributed=True``.
         NonFiniteELBOError: a member's objective or gradient became NaN/inf.
     """
     check_int("n_members", n_members, type_error=True)
@@ -190,6 +190,11 @@ def fit_ensemble(
         _MAP_SIGNATURE.bind(model, data, **kwargs)
     except TypeError as e:
         raise TypeError(f"fit_ensemble(): {e}") from None
+    if kwargs.get("distributed", False) is not False:
+        raise ValueError(
+            "fit_ensemble does not run data-parallel (its members would be fitted whole on "
+            "every rank): run it in one process, or run one fit_map(distributed=True) per member"
+        )
     checkpointing = sorted(k for k in kwargs if k in _CHECKPOINT_OPTIONS)
     if batched and checkpointing:
         raise TypeError(

@@ -12,10 +12,10 @@ timeout) becomes a ``RankLostError`` naming the ranks that did not answer, not a
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import time
-import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -142,14 +142,10 @@ def _collective(parallel: DataParallel, what: str) -> Iterator[None]:
         yield
     except RuntimeError as e:  # gloo raises plain RuntimeErrors, NCCL DistBackendErrors
         lost = _roll_call(parallel)
-        who = (
-            "rank " + ", ".join(map(str, lost)) + (" is" if len(lost) == 1 else " are") + " lost"
-            if lost
-            else "a peer rank is lost (its rank could not be told)"
-        )
+        who = "rank " + ", ".join(map(str, lost)) if lost else "a peer rank (which, unknown)"
         raise RankLostError(
-            f"rank {parallel.rank}: {who}: the {what} failed ({str(e).splitlines()[0]}); "
-            "nothing was saved after the last checkpoint",
+            f"{who} stopped answering (it died, hangs, or left the fit): the {what} failed "
+            f"({str(e).splitlines()[0]}); nothing was saved after the last checkpoint",
             lost,
         ) from e
 
@@ -171,39 +167,43 @@ def _roll_call(parallel: DataParallel) -> list[int]:
         return []
 
 
-def check_same_fit(parallel: DataParallel, fingerprint: Sequence[float], settings: dict) -> None:
-    """Refuse to start when the ranks hold different data or settings.
+def check_same(parallel: DataParallel, advice: str, **values: object) -> None:
+    """Refuse to go on when the ranks disagree on any of ``values``.
 
-    Every rank loads its own copy of the data; a rank that read another file (or a different
-    number of rows) would silently fit another model.
+    Every rank loads its own data and runs its own copy of the command; a rank that read another
+    file, another checkpoint or other arguments would otherwise be mixed in silently. Integers
+    are compared as they are (and reported); anything else by a 52-bit hash of its JSON (give
+    tensors as ``inputs.rows_digest`` of them).
 
     Raises:
-        ValueError: naming the first rank whose data size, data or settings differ from rank 0's.
+        ValueError: on every rank, naming the first rank and value that differ from rank 0's,
+            followed by ``advice``.
     """
-    code = zlib.crc32(json.dumps(settings, sort_keys=True, default=str).encode())
-    mine = torch.tensor([*fingerprint, *[0.0] * (4 - len(fingerprint)), code], dtype=torch.float64)
+    names = list(values)
+    mine = torch.tensor([_comparable(v) for v in values.values()], dtype=torch.float64)
     mine = _on_group_device(parallel, mine)
     every = [torch.empty_like(mine) for _ in range(parallel.world_size)]
-    with _collective(parallel, "check that the ranks hold the same data"):
+    with _collective(parallel, "check that the ranks agree"):
         dist.all_gather(every, mine)
     first = every[0].cpu()
     for rank, other in enumerate(every):
-        other = other.cpu()
-        if other[0] != first[0]:
-            raise ValueError(
-                f"rank {rank} has {int(other[0])} training sequences but rank 0 has "
-                f"{int(first[0])}: every rank must load the same training data"
-            )
-        if not torch.equal(other[1:4], first[1:4]):
-            raise ValueError(
-                f"rank {rank}'s training data differ from rank 0's (same size, other values): "
-                "every rank must load the same training data"
-            )
-        if other[4] != first[4]:
-            raise ValueError(
-                f"rank {rank}'s fit settings differ from rank 0's: every rank must run the "
-                "same command"
-            )
+        for name, value, reference in zip(names, other.cpu(), first, strict=True):
+            if value != reference:
+                plain = _is_count(values[name])
+                both = f" ({int(value)} against {int(reference)})" if plain else ""
+                raise ValueError(f"rank {rank}'s {name} differs from rank 0's{both}: {advice}")
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2**52
+
+
+def _comparable(value: object) -> float:
+    """``value`` as a float64 that equals another rank's exactly when the values are equal."""
+    if _is_count(value):
+        return float(value)
+    text = json.dumps(value, sort_keys=True, default=str)
+    return float(int(hashlib.sha256(text.encode()).hexdigest()[:13], 16))
 
 
 def agree(parallel: DataParallel, failure: BaseException | None, what: str) -> None:
@@ -220,8 +220,7 @@ def agree(parallel: DataParallel, failure: BaseException | None, what: str) -> N
     failed = [rank for rank, flag in enumerate(every) if int(flag)]
     if failed and failure is None:
         raise RuntimeError(
-            f"rank {parallel.rank}: rank {', '.join(map(str, failed))} failed in {what}; "
-            "its own error says why"
+            f"rank {', '.join(map(str, failed))} failed in {what}; its own error says why"
         )
 
 
@@ -292,7 +291,7 @@ __all__ = [
     "agree",
     "average_gradients",
     "broadcast_state",
-    "check_same_fit",
+    "check_same",
     "data_parallel",
     "gather_rows",
     "init_from_environment",

@@ -79,11 +79,13 @@ def example_of(data: SequenceData) -> SequenceData:
     return data[: min(2, len(data))].to("cpu")
 
 
-def rows_digest(x: torch.Tensor, y: torch.Tensor | None, mask: torch.Tensor | None) -> str:
-    """SHA-256 of the shapes, dtypes and values of ``(x, y, mask)``: recognises the training data
-    whose rows the local latents kept by a sample-based posterior belong to."""
+def rows_digest(*tensors: torch.Tensor | None) -> str:
+    """SHA-256 of the shapes, dtypes and values of ``tensors``, e.g. ``(x, y, mask)``: recognises
+    the training data whose rows the local latents kept by a sample-based posterior belong to,
+    and tells whether the ranks of a distributed fit hold the same data (None counts as a
+    value)."""
     digest = hashlib.sha256()
-    for tensor in (x, y, mask):
+    for tensor in tensors:
         if tensor is None:
             digest.update(b"None")
             continue

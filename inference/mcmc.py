@@ -23,7 +23,7 @@ from probtransformer.inference._runtime import (
     resolve_device,
     seeded,
 )
-from probtransformer.inference.distributed import DataParallel, data_parallel
+from probtransformer.inference.distributed import DataParallel, check_same, data_parallel
 from probtransformer.inference.guides import has_local_latents
 from probtransformer.inference.inputs import (
     check_model,
@@ -210,8 +210,8 @@ def fit_mcmc(
             K not a multiple of M; kept draws over ``many_chains.MAX_DRAW_BYTES`` (with the
             estimate); a model whose K-chain log density differs from single-chain evaluations
             (names the site); a non-finite initial log density (names the chain and site);
-            ``distributed=True`` without a process group, with NUTS/HMC, or with fewer chains
-            than ranks.
+            ``distributed=True`` without a process group, with NUTS/HMC, with fewer chains
+            than ranks, or on ranks with different data, model or settings (naming the rank).
         distributed.RankLostError: a peer rank died or stopped answering in time (naming it).
     """
     check_model(model)
@@ -282,6 +282,29 @@ def fit_mcmc(
 
     start = time.perf_counter()
     model = reinitialised_copy(model, seed, device)
+    if parallel is not None:
+        check_same(
+            parallel,
+            "every rank must run the same command on the same training data",
+            **{
+                "number of training sequences": len(data),
+                "training data": rows_digest(data.x, data.y, data.mask),
+                "model": [type(model).__qualname__, getattr(model, "config", None)],
+                "sampler settings": dict(
+                    kernel=kernel,
+                    num_chains=num_chains,
+                    num_warmup=num_warmup,
+                    num_samples=num_samples,
+                    init=init,
+                    num_starts=num_starts,
+                    target_accept_prob=target_accept_prob,
+                    step_size=step_size,
+                    trajectory_length=trajectory_length,
+                    map_steps=map_steps,
+                    seed=seed,
+                ),
+            },
+        )
     example = example_of(data).to(device)
     with pyro_scope(), seeded(seed, device):  # fail fast, before any MAP fit
         _, *sampled = check_initial_density(model, (example.x, example.y, example.mask))

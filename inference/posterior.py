@@ -13,7 +13,7 @@ from probtransformer.inference._runtime import seeded
 from probtransformer.inference.arviz import to_inference_data
 from probtransformer.inference.decoding import NextTokenDecoder
 from probtransformer.inference.diagnostics import diagnose
-from probtransformer.inference.distributed import data_parallel, gather_rows
+from probtransformer.inference.distributed import check_same, data_parallel, gather_rows
 from probtransformer.inference.draws import (
     DEFAULT_NUM_SAMPLES,
     Draws,
@@ -292,6 +292,21 @@ class Posterior:
             draws = draws.without(local)  # kept local latents belong to the training rows
         n = x.shape[0]
         if parallel is not None:
+            check_same(
+                parallel,
+                "every rank must call predict with the same arguments and posterior",
+                **{
+                    "number of rows": n,
+                    "inputs": rows_digest(x, y, mask),
+                    "seed": seed,
+                    "set of posterior draws": rows_digest(
+                        *draws.latents.values(), *(draws.states or {}).values()
+                    ),
+                },
+            )
+        if parallel is not None and n < parallel.world_size:
+            parallel = None  # fewer rows than ranks: each rank runs them all
+        if parallel is not None:
             rows = parallel.share(n)
             x, y, mask = (None if t is None else t[rows] for t in (x, y, mask))
             kept = {k: v[:, :, rows] if k in local else v for k, v in draws.latents.items()}
@@ -329,9 +344,10 @@ class Posterior:
             distributed: split the rows over the ranks of the initialised ``torch.distributed``
                 process group (``torchrun``): every rank calls ``predict`` with the same
                 arguments, runs a contiguous share of the rows with the same draws, and receives
-                the whole result, all-gathered in row order. Probabilities, locations and
-                variances equal one process's; random draws per row (regression ``samples``,
-                MC-dropout masks) start each rank's share from ``seed``, so they differ.
+                the whole result, all-gathered in row order (ranks whose inputs, draws or seed
+                differ are refused first). Probabilities, locations and variances equal one
+                process's; random draws per row (regression ``samples``, MC-dropout masks)
+                start each rank's share from ``seed``, so they differ.
 
         Returns:
             Classification (categorical likelihood): ``Prediction`` with ``probs (S, N, C)``.

@@ -40,12 +40,17 @@ from probtransformer.inference.distributed import (
     agree,
     average_gradients,
     broadcast_state,
-    check_same_fit,
+    check_same,
     data_parallel,
 )
 from probtransformer.inference.elbo import MeanFieldELBO, NonFiniteELBOError, non_finite_error
 from probtransformer.inference.guides import GUIDES, build_guide, has_local_latents
-from probtransformer.inference.inputs import check_model, check_training_data, example_of
+from probtransformer.inference.inputs import (
+    check_model,
+    check_training_data,
+    example_of,
+    rows_digest,
+)
 from probtransformer.inference.posterior import Posterior
 from probtransformer.inference.warm_start import warm_start
 from probtransformer.validation import check_int
@@ -205,8 +210,9 @@ def _init(
     batch_size = min(batch_size, n)
     if parallel is not None and batch_size % parallel.world_size:
         raise ValueError(
-            f"batch_size must be divisible by the world size {parallel.world_size}, got "
-            f"{batch_size}" + (f" (the {n} training sequences)" if batch_size == n else "")
+            f"batch_size must be divisible by the world size {parallel.world_size} (each rank "
+            f"takes an equal slice of every batch), got {batch_size}"
+            + (f" (all {n} training sequences: give a smaller one)" if batch_size == n else "")
         )
     # the amortized guide of local latents is not mean-field: its logits depend on the globals
     mean_field = guide == "normal" and not has_local_latents(model)
@@ -224,9 +230,17 @@ def _init(
     )
     if init_from is not None:
         settings["init_from"] = init_from.record.get("method", "posterior")
-    fingerprint = data_fingerprint(data)
     if parallel is not None:
-        check_same_fit(parallel, fingerprint, settings)
+        check_same(
+            parallel,
+            "every rank must run the same command on the same training data",
+            **{
+                "number of training sequences": n,
+                "training data": rows_digest(train.x, train.y, train.mask),
+                "model": [type(model).__qualname__, getattr(model, "config", None)],
+                "fit settings": settings,
+            },
+        )
     with pyro.get_param_store().scope() as param_store, seeded(seed, device):
         autoguide = build_guide(guide, model, init_scale=init_scale, init_values=start)
         loss_fn = elbo(model, autoguide)
@@ -264,7 +278,7 @@ def _init(
         scheduler=scheduler,
         data=train,
         settings=settings,
-        fingerprint=fingerprint,
+        fingerprint=data_fingerprint(data),
         order=order,
         cursor=0,
         step=0,
@@ -448,7 +462,8 @@ def fit_svi(
             carries ``posterior``: the fit with the parameters of the last finite loss.
         KeyboardInterrupt: Ctrl-C; says where the state was saved when ``checkpoint_dir`` is set.
         ValueError: ``distributed=True`` without a process group, a batch size that the world
-            size does not divide, or ranks with different data or settings (naming the rank).
+            size does not divide, or ranks with different data, model, settings or
+            ``resume_from`` checkpoints (naming the rank and what differs).
         distributed.RankLostError: a peer rank died or stopped answering within the process
             group's timeout (naming it); the last checkpoint is left as it was.
     """
@@ -468,6 +483,16 @@ def fit_svi(
     state = _init(model, data, *settings, init_scale, device, seed, init_from, distributed)
     if resume_from is not None:
         restore_svi_checkpoint(state, resume_from)
+        if state.parallel is not None:
+            check_same(
+                state.parallel,
+                f"every rank must resume from the same checkpoint ({resume_from} is read by "
+                "each rank: on several nodes, keep it on shared storage or copy it to each)",
+                **{
+                    "checkpoint step": state.step,
+                    "checkpoint state": rows_digest(state.order, *state.params),
+                },
+            )
     writes = state.parallel is None or state.parallel.is_main
     # disable=None: no bar when output is not a terminal (logs stay readable)
     bar = tqdm(

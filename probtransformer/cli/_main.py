@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 
@@ -17,8 +18,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Returns:
         Exit status: 0 on success, 2 on bad arguments or files (one line on stderr), 1 when the
-        fit diverges, 130 when interrupted (Ctrl-C): with nothing written, or after writing a
-        run of the draws MCMC had kept (``partial``).
+        fit diverges or, under ``torchrun``, a peer rank is lost, 130 when interrupted (Ctrl-C):
+        with nothing written, or after writing a run of the draws MCMC had kept (``partial``).
+        Under ``torchrun`` the line names the rank that prints it.
     """
     try:
         args = build_parser().parse_args(argv)
@@ -30,6 +32,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(e, 2)
     except FloatingPointError as e:  # NonFiniteELBOError: the fit diverged
         return _fail(e, 1)
+    except RuntimeError as e:  # under torchrun: a peer rank was lost
+        from probtransformer.inference.distributed import RankLostError
+
+        if not isinstance(e, RankLostError):
+            raise
+        return _fail(e, 1)
     except KeyboardInterrupt as e:
         message = str(e).replace("(resume_from=...)", "(continue with --resume-from it)")
         return _fail(KeyboardInterrupt(message or "interrupted; nothing was written"), 130)
@@ -38,5 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _fail(error: Exception, status: int) -> int:
     message = " ".join(str(error).split()) or type(error).__name__
+    if os.environ.get("WORLD_SIZE", "1") != "1":  # under torchrun: every rank may say it
+        message = f"[rank {os.environ.get('RANK', '?')}] {message}"
     print(f"{PROG}: error: {message}", file=sys.stderr)
     return status

@@ -9,6 +9,7 @@ that the float32 rounding of summing a batch in two halves does not hide the alg
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import traceback
@@ -18,7 +19,13 @@ import torch
 import torch.distributed
 
 from probtransformer.datasets import SequenceData
-from probtransformer.inference import fit_mcmc, fit_svi
+from probtransformer.inference import (
+    fit_mcmc,
+    fit_svi,
+    save_svi_checkpoint,
+    svi_init,
+    svi_step,
+)
 from probtransformer.inference import svi as svi_module
 from probtransformer.inference.distributed import init_from_environment
 from probtransformer.models import CausalLM, SequenceClassifier
@@ -75,6 +82,44 @@ def chains(kernel: str, **options) -> dict[str, torch.Tensor]:
     }
 
 
+def disagreements(rank: int, out: Path) -> dict[str, str]:
+    """What each call says when rank 1's arguments differ from rank 0's (every call must fail
+    on both ranks, or the next one would hang)."""
+    train = data()
+    permuted = train[torch.arange(N).flip(0)] if rank else train
+    other = SequenceClassifier(3, 2, 5, d_model=8, num_heads=2, num_layers=1, d_ff=16, dropout=0)
+    short = dict(num_warmup=20, num_samples=5, map_steps=5, device="cpu", progress=False)
+    post = fit_svi(model(), train, **{**SETTINGS, "num_steps": 2})
+    calls = {
+        "rows": lambda: fit_svi(model(), data(N - rank), distributed=True, **SETTINGS),
+        "order": lambda: fit_svi(model(), permuted, distributed=True, **SETTINGS),
+        "model": lambda: fit_svi(other if rank else model(), train, distributed=True, **SETTINGS),
+        "mcmc": lambda: fit_mcmc(
+            model(), permuted, kernel="chees", num_chains=2, distributed=True, **short
+        ),
+        "predict": lambda: post.predict(train.x[: N - rank], distributed=True),
+        "seed": lambda: post.predict(train.x, seed=rank, distributed=True),
+    }
+    # rank 0 resumes from step 3 of one fit, rank 1 from step 4 of the same fit
+    state = svi_init(model(), train, **{k: v for k, v in SETTINGS.items() if k != "progress"})
+    for _ in range(3 + rank):
+        svi_step(state)
+    save_svi_checkpoint(state, out / f"ck{rank}")
+    stale = {**SETTINGS, "resume_from": out / f"ck{rank}"}
+    calls["resume"] = lambda: fit_svi(model(), train, distributed=True, **stale)
+    said = {}
+    for name, call in calls.items():
+        try:
+            call()
+            said[name] = "no error"
+        except ValueError as e:
+            said[name] = str(e)
+    # fewer rows than ranks: every rank runs the one row, no empty share
+    one = post.predict(train.x[:1], num_samples=3, distributed=True).probs
+    said["one row"] = str(torch.equal(one, post.predict(train.x[:1], num_samples=3).probs))
+    return said
+
+
 def _die_at_step(step: int):
     real = svi_module.svi_step
 
@@ -113,7 +158,7 @@ def main(scenario: str, out: Path) -> None:
                 out / f"rank{rank}.pt",
             )
         elif scenario == "mismatch":
-            fit_svi(model(), data(N - rank), distributed=True, **SETTINGS)
+            (out / f"rank{rank}.json").write_text(json.dumps(disagreements(rank, out)))
         elif scenario == "indivisible":
             fit_svi(model(), data(), distributed=True, **{**SETTINGS, "batch_size": 15})
         elif scenario == "lost":

@@ -140,23 +140,40 @@ def test_a_rank_that_dies_is_named_and_the_last_checkpoint_stays(tmp_path):
     codes = _run_ranks("lost", tmp_path)
     assert codes == [1, 17]
     error = (tmp_path / "rank0.txt").read_text()
-    assert error.startswith("RankLostError: rank 0: rank 1 is lost"), error
+    assert error.startswith("RankLostError: rank 1 stopped answering (it died, hangs"), error
     assert "nothing was saved after the last checkpoint" in error
     meta, _ = load_checkpoint(tmp_path / "ckpt")
     assert meta["step"] == 5 and len(meta["elbo"]) == 5
 
 
-@pytest.mark.parametrize(
-    ("scenario", "message"),
-    [
-        ("mismatch", "rank 1 has 47 training sequences but rank 0 has 48"),
-        ("indivisible", "batch_size must be divisible by the world size 2, got 15"),
-    ],
-)
-def test_ranks_that_disagree_are_refused_before_the_first_step(tmp_path, scenario, message):
-    assert _run_ranks(scenario, tmp_path) == [1, 1]
+@pytest.mark.filterwarnings("ignore:num_warmup=20 is short")
+def test_ranks_that_disagree_are_refused_on_every_rank_before_any_work(tmp_path):
+    assert _run_ranks("mismatch", tmp_path) == [0, 0]
+    expected = {
+        "rows": "rank 1's number of training sequences differs from rank 0's (47 against 48)",
+        "order": "rank 1's training data differs from rank 0's: every rank must run the same",
+        "model": "rank 1's model differs from rank 0's",
+        "mcmc": "rank 1's training data differs from rank 0's",
+        "predict": "rank 1's number of rows differs from rank 0's (47 against 48): every rank",
+        "seed": "rank 1's seed differs from rank 0's (1 against 0)",
+        "resume": "rank 1's checkpoint step differs from rank 0's (4 against 3): every rank must "
+        "resume from the same checkpoint",
+        "one row": "True",
+    }
     for r in range(2):
-        assert f"ValueError: {message}" in (tmp_path / f"rank{r}.txt").read_text()
+        said = json.loads((tmp_path / f"rank{r}.json").read_text())
+        assert said.keys() == expected.keys()
+        for name, message in expected.items():
+            assert said[name].startswith(message), (r, name, said[name])
+
+
+def test_a_batch_the_world_size_does_not_divide_is_refused(tmp_path):
+    assert _run_ranks("indivisible", tmp_path) == [1, 1]
+    for r in range(2):
+        assert (
+            "ValueError: batch_size must be divisible by the world size 2 (each rank takes "
+            in (tmp_path / f"rank{r}.txt").read_text()
+        )
 
 
 def test_distributed_without_a_process_group_is_refused():
@@ -201,3 +218,20 @@ def test_the_cli_refuses_what_torchrun_cannot_run(tmp_path, monkeypatch, capsys)
         capsys.readouterr().err
     )
     assert not (tmp_path / "r").exists()
+
+
+def test_the_cli_reports_a_lost_rank_on_one_line(tmp_path, monkeypatch, capsys):
+    from probtransformer.cli import fit as fit_command
+    from probtransformer.inference.distributed import RankLostError
+
+    def lost(args):
+        raise RankLostError("rank 1 stopped answering: the gradient all-reduce failed", [1])
+
+    monkeypatch.setattr(fit_command, "run", lost)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    assert main([*CLI_FIT, "--out", str(tmp_path / "r")]) == 1
+    assert capsys.readouterr().err == (
+        "probtransformer: error: [rank 0] rank 1 stopped answering: the gradient all-reduce "
+        "failed\n"
+    )

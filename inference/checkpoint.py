@@ -20,6 +20,8 @@ import torch
 
 from probtransformer._io import read_versioned_json, staged_directory
 from probtransformer.datasets import SequenceData
+from probtransformer.inference.distributed import check_same
+from probtransformer.inference.inputs import rows_digest
 
 if TYPE_CHECKING:
     from probtransformer.inference.svi import SVIState
@@ -137,12 +139,14 @@ def restore_svi_checkpoint(state: SVIState, path: str | os.PathLike) -> None:
 
     ``state`` comes from ``svi_init`` with the model, data and settings of the saved fit: the
     parameters, optimizer and schedule, mini-batch order and cursor, RNG state, completed steps
-    and ELBO trace become the saved ones.
+    and ELBO trace become the saved ones. In a data-parallel fit every rank must restore the
+    same checkpoint (checked).
 
     Raises:
         FileNotFoundError: ``path`` is not a checkpoint.
         ValueError: written by a newer version, damaged, or of another model class or config,
-            other settings or other data (the message names the first field that differs).
+            other settings or other data (the message names the first field that differs);
+            another rank restored another checkpoint.
     """
     meta, saved = load_checkpoint(path)
     check_compatible(meta, _identity(state), path)
@@ -156,3 +160,13 @@ def restore_svi_checkpoint(state: SVIState, path: str | os.PathLike) -> None:
     state.rng = saved["rng"]
     with torch.no_grad():  # the restored parameters are the last finite ones
         torch._foreach_copy_(state.last_finite, state.params)
+    if state.parallel is not None:
+        check_same(
+            state.parallel,
+            f"every rank must resume from the same checkpoint ({path} is read by each rank: on "
+            "several nodes, keep it on shared storage or copy it to each)",
+            **{
+                "checkpoint step": state.step,
+                "checkpoint state": rows_digest(state.order, *state.params),
+            },
+        )

@@ -23,6 +23,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from probtransformer.inference.inputs import rows_digest
+
 #: The process group's timeout when the CLI creates it: a lost rank is noticed within it.
 DEFAULT_TIMEOUT = timedelta(seconds=60)
 
@@ -194,6 +196,25 @@ def check_same(parallel: DataParallel, advice: str, **values: object) -> None:
                 raise ValueError(f"rank {rank}'s {name} differs from rank 0's{both}: {advice}")
 
 
+def check_same_fit(parallel: DataParallel, model, data, settings: dict) -> None:
+    """``check_same`` of what every rank of a fit must share: the number of training sequences,
+    every byte of them, the model's class and config, and the fit's ``settings``.
+
+    Raises:
+        ValueError: naming the first rank and item that differ from rank 0's.
+    """
+    check_same(
+        parallel,
+        "every rank must run the same command on the same training data",
+        **{
+            "number of training sequences": len(data),
+            "training data": rows_digest(data.x, data.y, data.mask),
+            "model": [type(model).__qualname__, getattr(model, "config", None)],
+            "fit settings": settings,
+        },
+    )
+
+
 def _is_count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2**52
 
@@ -255,7 +276,7 @@ def gather_rows(
     """
     sizes = [len(range(n)[_share(n, r, parallel.world_size)]) for r in range(parallel.world_size)]
     whole = {}
-    with _collective(parallel, "gather of the predictions"):
+    with _collective(parallel, "all-gather of the ranks' shares"):
         for key, value in out.items():
             pad = list(value.shape)
             pad[dim] = max(sizes) - value.shape[dim]
@@ -292,6 +313,7 @@ __all__ = [
     "average_gradients",
     "broadcast_state",
     "check_same",
+    "check_same_fit",
     "data_parallel",
     "gather_rows",
     "init_from_environment",

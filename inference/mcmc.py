@@ -23,7 +23,7 @@ from probtransformer.inference._runtime import (
     resolve_device,
     seeded,
 )
-from probtransformer.inference.distributed import DataParallel, check_same, data_parallel
+from probtransformer.inference.distributed import DataParallel, check_same_fit, data_parallel
 from probtransformer.inference.guides import has_local_latents
 from probtransformer.inference.inputs import (
     check_model,
@@ -283,27 +283,23 @@ def fit_mcmc(
     start = time.perf_counter()
     model = reinitialised_copy(model, seed, device)
     if parallel is not None:
-        check_same(
+        check_same_fit(
             parallel,
-            "every rank must run the same command on the same training data",
-            **{
-                "number of training sequences": len(data),
-                "training data": rows_digest(data.x, data.y, data.mask),
-                "model": [type(model).__qualname__, getattr(model, "config", None)],
-                "sampler settings": dict(
-                    kernel=kernel,
-                    num_chains=num_chains,
-                    num_warmup=num_warmup,
-                    num_samples=num_samples,
-                    init=init,
-                    num_starts=num_starts,
-                    target_accept_prob=target_accept_prob,
-                    step_size=step_size,
-                    trajectory_length=trajectory_length,
-                    map_steps=map_steps,
-                    seed=seed,
-                ),
-            },
+            model,
+            data,
+            dict(
+                kernel=kernel,
+                num_chains=num_chains,
+                num_warmup=num_warmup,
+                num_samples=num_samples,
+                init=init,
+                num_starts=num_starts,
+                target_accept_prob=target_accept_prob,
+                step_size=step_size,
+                trajectory_length=trajectory_length,
+                map_steps=map_steps,
+                seed=seed,
+            ),
         )
     example = example_of(data).to(device)
     with pyro_scope(), seeded(seed, device):  # fail fast, before any MAP fit

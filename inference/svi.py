@@ -40,7 +40,7 @@ from probtransformer.inference.distributed import (
     agree,
     average_gradients,
     broadcast_state,
-    check_same,
+    check_same_fit,
     data_parallel,
 )
 from probtransformer.inference.elbo import MeanFieldELBO, NonFiniteELBOError, non_finite_error
@@ -49,7 +49,6 @@ from probtransformer.inference.inputs import (
     check_model,
     check_training_data,
     example_of,
-    rows_digest,
 )
 from probtransformer.inference.posterior import Posterior
 from probtransformer.inference.warm_start import warm_start
@@ -231,16 +230,7 @@ def _init(
     if init_from is not None:
         settings["init_from"] = init_from.record.get("method", "posterior")
     if parallel is not None:
-        check_same(
-            parallel,
-            "every rank must run the same command on the same training data",
-            **{
-                "number of training sequences": n,
-                "training data": rows_digest(train.x, train.y, train.mask),
-                "model": [type(model).__qualname__, getattr(model, "config", None)],
-                "fit settings": settings,
-            },
-        )
+        check_same_fit(parallel, model, train, settings)
     with pyro.get_param_store().scope() as param_store, seeded(seed, device):
         autoguide = build_guide(guide, model, init_scale=init_scale, init_values=start)
         loss_fn = elbo(model, autoguide)
@@ -483,16 +473,6 @@ def fit_svi(
     state = _init(model, data, *settings, init_scale, device, seed, init_from, distributed)
     if resume_from is not None:
         restore_svi_checkpoint(state, resume_from)
-        if state.parallel is not None:
-            check_same(
-                state.parallel,
-                f"every rank must resume from the same checkpoint ({resume_from} is read by "
-                "each rank: on several nodes, keep it on shared storage or copy it to each)",
-                **{
-                    "checkpoint step": state.step,
-                    "checkpoint state": rows_digest(state.order, *state.params),
-                },
-            )
     writes = state.parallel is None or state.parallel.is_main
     # disable=None: no bar when output is not a terminal (logs stay readable)
     bar = tqdm(

@@ -190,7 +190,7 @@ def fit_ensemble(
         _MAP_SIGNATURE.bind(model, data, **kwargs)
     except TypeError as e:
         raise TypeError(f"fit_ensemble(): {e}") from None
-    if kwargs.get("distributed", False) is not False:
+    if kwargs.get("distributed") is True:
         raise ValueError(
             "fit_ensemble does not run data-parallel (its members would be fitted whole on "
             "every rank): run it in one process, or run one fit_map(distributed=True) per member"

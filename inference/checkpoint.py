@@ -20,7 +20,7 @@ import torch
 
 from probtransformer._io import read_versioned_json, staged_directory
 from probtransformer.datasets import SequenceData
-from probtransformer.inference.distributed import check_same
+from probtransformer.inference.distributed import check_same, together
 from probtransformer.inference.inputs import rows_digest
 
 if TYPE_CHECKING:
@@ -148,8 +148,9 @@ def restore_svi_checkpoint(state: SVIState, path: str | os.PathLike) -> None:
             other settings or other data (the message names the first field that differs);
             another rank restored another checkpoint.
     """
-    meta, saved = load_checkpoint(path)
-    check_compatible(meta, _identity(state), path)
+    with together(state.parallel, "reading the checkpoint"):
+        meta, saved = load_checkpoint(path)
+        check_compatible(meta, _identity(state), path)
     state.model.load_state_dict(saved["model_state"])
     state.guide.load_state_dict(saved["guide_state"])
     state.optimizer.load_state_dict(saved["optimizer_state"])

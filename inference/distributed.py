@@ -144,16 +144,23 @@ def _collective(parallel: DataParallel, what: str) -> Iterator[None]:
         yield
     except RuntimeError as e:  # gloo raises plain RuntimeErrors, NCCL DistBackendErrors
         lost = _roll_call(parallel)
-        who = "rank " + ", ".join(map(str, lost)) if lost else "a peer rank (which, unknown)"
+        if lost is None:
+            who = "a peer rank stopped answering (which one could not be told)"
+        elif lost:
+            who = f"rank {', '.join(map(str, lost))} stopped answering (it died or hangs)"
+        else:
+            who = (
+                "every rank is alive, but they ran different collectives (did every rank run "
+                "the same command with the same arguments?)"
+            )
         raise RankLostError(
-            f"{who} stopped answering (it died, hangs, or left the fit): the {what} failed "
-            f"({str(e).splitlines()[0]}); nothing was saved after the last checkpoint",
-            lost,
+            f"{who}: the {what} failed ({str(e).splitlines()[0]})", lost or ()
         ) from e
 
 
-def _roll_call(parallel: DataParallel) -> list[int]:
-    """Ranks that do not say they are alive in the group's store within a few seconds."""
+def _roll_call(parallel: DataParallel) -> list[int] | None:
+    """Ranks that do not say they are alive in the group's store within a few seconds (None:
+    the store cannot be reached)."""
     try:
         store = dist.distributed_c10d._get_default_store()
         store.set(f"probtransformer/alive/{parallel.rank}", "1")
@@ -166,7 +173,7 @@ def _roll_call(parallel: DataParallel) -> list[int]:
             time.sleep(0.1)
         return missing
     except (RuntimeError, AttributeError):
-        return []
+        return None
 
 
 def check_same(parallel: DataParallel, advice: str, **values: object) -> None:
@@ -193,7 +200,7 @@ def check_same(parallel: DataParallel, advice: str, **values: object) -> None:
             if value != reference:
                 plain = _is_count(values[name])
                 both = f" ({int(value)} against {int(reference)})" if plain else ""
-                raise ValueError(f"rank {rank}'s {name} differs from rank 0's{both}: {advice}")
+                raise ValueError(f"rank {rank}'s {name} is not rank 0's{both}: {advice}")
 
 
 def check_same_fit(parallel: DataParallel, model, data, settings: dict) -> None:
@@ -210,7 +217,7 @@ def check_same_fit(parallel: DataParallel, model, data, settings: dict) -> None:
             "number of training sequences": len(data),
             "training data": rows_digest(data.x, data.y, data.mask),
             "model": [type(model).__qualname__, getattr(model, "config", None)],
-            "fit settings": settings,
+            **{f"setting {name}": value for name, value in settings.items()},
         },
     )
 
@@ -225,6 +232,32 @@ def _comparable(value: object) -> float:
         return float(value)
     text = json.dumps(value, sort_keys=True, default=str)
     return float(int(hashlib.sha256(text.encode()).hexdigest()[:13], 16))
+
+
+def joined(distributed: object) -> DataParallel | None:
+    """The default process group when ``distributed`` is True and one is initialised, else
+    None (``data_parallel`` then raises, on every rank alike, when one is needed)."""
+    if distributed is not True or not (dist.is_available() and dist.is_initialized()):
+        return None
+    return DataParallel(dist.get_rank(), dist.get_world_size(), str(dist.get_backend()))
+
+
+@contextlib.contextmanager
+def together(parallel: DataParallel | None, what: str) -> Iterator[None]:
+    """Run a rank's own checks (``what``) so that a ``TypeError``/``ValueError``/``OSError`` on
+    one rank fails every rank (``agree``), instead of leaving the others waiting in the next
+    collective. No-op without ``parallel``. The block must not run collectives itself."""
+    if parallel is None:
+        yield
+        return
+    failure = None
+    try:
+        yield
+    except (TypeError, ValueError, OSError) as e:
+        failure = e
+    agree(parallel, failure, what)
+    if failure is not None:
+        raise failure
 
 
 def agree(parallel: DataParallel, failure: BaseException | None, what: str) -> None:
@@ -317,4 +350,6 @@ __all__ = [
     "data_parallel",
     "gather_rows",
     "init_from_environment",
+    "joined",
+    "together",
 ]

@@ -171,6 +171,11 @@ def run_many_chains(
                 _append(stats, **draw_stats)
                 bar.set_postfix(step=f"{sampler.step_size:.3g}", L=int(draw_stats["n_steps"][0]))
         except KeyboardInterrupt:
+            if parallel is not None and not parallel.is_main:  # rank 0 keeps the run
+                raise KeyboardInterrupt(
+                    f"sampling interrupted on rank {parallel.rank}; rank 0 writes the draws "
+                    "kept so far if it was interrupted too"
+                ) from None
             partial = True
     if not kept:
         raise KeyboardInterrupt("fit_mcmc was interrupted before the first draw was kept")

@@ -23,7 +23,13 @@ from probtransformer.inference._runtime import (
     resolve_device,
     seeded,
 )
-from probtransformer.inference.distributed import DataParallel, check_same_fit, data_parallel
+from probtransformer.inference.distributed import (
+    DataParallel,
+    check_same_fit,
+    data_parallel,
+    joined,
+    together,
+)
 from probtransformer.inference.guides import has_local_latents
 from probtransformer.inference.inputs import (
     check_model,
@@ -214,71 +220,72 @@ def fit_mcmc(
             than ranks, or on ranks with different data, model or settings (naming the rank).
         distributed.RankLostError: a peer rank died or stopped answering in time (naming it).
     """
-    check_model(model)
-    _refuse_hard_attention(model)
-    check_training_data(model, data)
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-    check_int("num_chains", num_chains, type_error=True)
-    check_int("num_samples", num_samples, type_error=True)
-    check_int("max_tree_depth", max_tree_depth, type_error=True)
-    if isinstance(num_warmup, bool) or not isinstance(num_warmup, int) or num_warmup < 0:
-        raise ValueError(f"num_warmup must be an integer >= 0, got {num_warmup!r}")
-    if isinstance(map_steps, bool) or not isinstance(map_steps, int) or map_steps < 0:
-        raise ValueError(f"map_steps must be an integer >= 0, got {map_steps!r}")
-    many = kernel in MANY_CHAIN_KERNELS
-    if trajectory_length is None and not many:
-        trajectory_length = 2 * math.pi
-    target_accept_prob_given = target_accept_prob is not None
-    if target_accept_prob is None:
-        target_accept_prob = CHEES_TARGET_ACCEPT if kernel == "chees" else 0.8
-    if step_size is None:
-        step_size = 0.1 if many else 1.0
-    if trajectory_length is not None and not (
-        isinstance(trajectory_length, (int, float)) and 0 < trajectory_length < math.inf
-    ):
-        raise ValueError(
-            f"trajectory_length must be a finite number > 0, got {trajectory_length!r}"
-        )
-    if not (isinstance(target_accept_prob, float) and 0 < target_accept_prob < 1):
-        raise ValueError(
-            f"target_accept_prob must be a float in (0, 1), got {target_accept_prob!r}"
-        )
-    if num_starts is None:
-        num_starts = 1 if (init == "map" or not many) else num_chains
-    _check_starts(kernel, init, num_starts, num_chains)
-    if kernel == "mclmc" and (target_accept_prob_given or trajectory_length is not None):
-        raise ValueError(
-            "target_accept_prob and trajectory_length do not apply to kernel='mclmc' (it is "
-            "unadjusted and tunes its own decoherence length L): leave them unset"
-        )
-    if many and init in ("map", "ensemble") and map_steps == 0:
-        raise ValueError(f"init={init!r} needs MAP fits: give map_steps > 0, got 0")
-    if many and (full_mass or jit_compile):
-        raise ValueError(
-            f"full_mass and jit_compile apply to kernel='nuts'/'hmc'; kernel={kernel!r} adapts "
-            "a diagonal mass matrix and runs the vectorized density uncompiled"
-        )
-    if not isinstance(full_mass, bool):
-        raise TypeError(f"full_mass must be a bool, got {type(full_mass).__name__}")
-    if 0 < num_warmup < MIN_WARMUP and kernel != "mclmc":
-        warnings.warn(
-            f"num_warmup={num_warmup} is short for adapting the step size and mass matrix "
-            f"(Stan's default is 1000; use >= {MIN_WARMUP}): chains may stick; run diagnose",
-            UserWarning,
-            stacklevel=2,
-        )
-    if not (isinstance(step_size, (int, float)) and math.isfinite(step_size) and step_size > 0):
-        raise ValueError(f"step_size must be a finite number > 0, got {step_size!r}")
-    device = resolve_device(device)
-    parallel = _sharding(distributed, kernel, num_chains, device)
-    if parallel is not None and not parallel.is_main:
-        progress = False
-    if data.x.device.type != "cpu" and data.x.device != device:
-        raise ValueError(
-            f"data is on {data.x.device} but device={str(device)!r} was requested: move the data "
-            "to the CPU (or to that device) first"
-        )
+    with together(joined(distributed), "fit_mcmc's argument checks"):
+        check_model(model)
+        _refuse_hard_attention(model)
+        check_training_data(model, data)
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+        check_int("num_chains", num_chains, type_error=True)
+        check_int("num_samples", num_samples, type_error=True)
+        check_int("max_tree_depth", max_tree_depth, type_error=True)
+        if isinstance(num_warmup, bool) or not isinstance(num_warmup, int) or num_warmup < 0:
+            raise ValueError(f"num_warmup must be an integer >= 0, got {num_warmup!r}")
+        if isinstance(map_steps, bool) or not isinstance(map_steps, int) or map_steps < 0:
+            raise ValueError(f"map_steps must be an integer >= 0, got {map_steps!r}")
+        many = kernel in MANY_CHAIN_KERNELS
+        if trajectory_length is None and not many:
+            trajectory_length = 2 * math.pi
+        target_accept_prob_given = target_accept_prob is not None
+        if target_accept_prob is None:
+            target_accept_prob = CHEES_TARGET_ACCEPT if kernel == "chees" else 0.8
+        if step_size is None:
+            step_size = 0.1 if many else 1.0
+        if trajectory_length is not None and not (
+            isinstance(trajectory_length, (int, float)) and 0 < trajectory_length < math.inf
+        ):
+            raise ValueError(
+                f"trajectory_length must be a finite number > 0, got {trajectory_length!r}"
+            )
+        if not (isinstance(target_accept_prob, float) and 0 < target_accept_prob < 1):
+            raise ValueError(
+                f"target_accept_prob must be a float in (0, 1), got {target_accept_prob!r}"
+            )
+        if num_starts is None:
+            num_starts = 1 if (init == "map" or not many) else num_chains
+        _check_starts(kernel, init, num_starts, num_chains)
+        if kernel == "mclmc" and (target_accept_prob_given or trajectory_length is not None):
+            raise ValueError(
+                "target_accept_prob and trajectory_length do not apply to kernel='mclmc' (it is "
+                "unadjusted and tunes its own decoherence length L): leave them unset"
+            )
+        if many and init in ("map", "ensemble") and map_steps == 0:
+            raise ValueError(f"init={init!r} needs MAP fits: give map_steps > 0, got 0")
+        if many and (full_mass or jit_compile):
+            raise ValueError(
+                f"full_mass and jit_compile apply to kernel='nuts'/'hmc'; kernel={kernel!r} adapts "
+                "a diagonal mass matrix and runs the vectorized density uncompiled"
+            )
+        if not isinstance(full_mass, bool):
+            raise TypeError(f"full_mass must be a bool, got {type(full_mass).__name__}")
+        if 0 < num_warmup < MIN_WARMUP and kernel != "mclmc":
+            warnings.warn(
+                f"num_warmup={num_warmup} is short for adapting the step size and mass matrix "
+                f"(Stan's default is 1000; use >= {MIN_WARMUP}): chains may stick; run diagnose",
+                UserWarning,
+                stacklevel=2,
+            )
+        if not (isinstance(step_size, (int, float)) and math.isfinite(step_size) and step_size > 0):
+            raise ValueError(f"step_size must be a finite number > 0, got {step_size!r}")
+        device = resolve_device(device)
+        parallel = _sharding(distributed, kernel, num_chains, device)
+        if parallel is not None and not parallel.is_main:
+            progress = False
+        if data.x.device.type != "cpu" and data.x.device != device:
+            raise ValueError(
+                f"data is on {data.x.device} but device={str(device)!r} was requested: move the "
+                "data to the CPU (or to that device) first"
+            )
 
     start = time.perf_counter()
     model = reinitialised_copy(model, seed, device)

@@ -13,7 +13,13 @@ from probtransformer.inference._runtime import seeded
 from probtransformer.inference.arviz import to_inference_data
 from probtransformer.inference.decoding import NextTokenDecoder
 from probtransformer.inference.diagnostics import diagnose
-from probtransformer.inference.distributed import check_same, data_parallel, gather_rows
+from probtransformer.inference.distributed import (
+    check_same,
+    data_parallel,
+    gather_rows,
+    joined,
+    together,
+)
 from probtransformer.inference.draws import (
     DEFAULT_NUM_SAMPLES,
     Draws,
@@ -359,7 +365,8 @@ class Posterior:
                 ``distributed=True`` without a process group.
             distributed.RankLostError: a peer rank died or did not answer in time.
         """
-        x, mask, _ = self._inputs(x, mask)
+        with together(joined(distributed), "predict's argument checks"):
+            x, mask, _ = self._inputs(x, mask)
         read = predictive_reader(self.model.likelihood_site)
         out = self._run(
             read, x, None, mask, draws, num_samples, seed, batch_size, memory_budget, distributed

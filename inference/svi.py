@@ -42,6 +42,8 @@ from probtransformer.inference.distributed import (
     broadcast_state,
     check_same_fit,
     data_parallel,
+    joined,
+    together,
 )
 from probtransformer.inference.elbo import MeanFieldELBO, NonFiniteELBOError, non_finite_error
 from probtransformer.inference.guides import GUIDES, build_guide, has_local_latents
@@ -170,7 +172,8 @@ def svi_init(model: torch.nn.Module, data: SequenceData, **settings) -> SVIState
     bound.apply_defaults()
     given = bound.arguments
     checked = tuple(given[name] for name in _CHECKED_SETTINGS)
-    _check_fit(model, data, *checked, given["distributed"])
+    with together(joined(given["distributed"]), "svi_init's argument checks"):
+        _check_fit(model, data, *checked, given["distributed"])
     return _init(
         model,
         data,
@@ -197,8 +200,11 @@ def _init(
     seed,
     init_from=None,
     distributed=False,
+    *,
+    resuming=False,
 ) -> SVIState:
-    """``svi_init`` on checked arguments."""
+    """``svi_init`` on checked arguments (``resuming``: ``fit_svi`` restores a checkpoint next,
+    which every rank of a data-parallel fit must do)."""
     device = resolve_device(device)
     parallel = data_parallel(device) if distributed else None
     model = reinitialised_copy(model, seed, device)
@@ -207,12 +213,6 @@ def _init(
     train = data.to(device)
     n = len(train)
     batch_size = min(batch_size, n)
-    if parallel is not None and batch_size % parallel.world_size:
-        raise ValueError(
-            f"batch_size must be divisible by the world size {parallel.world_size} (each rank "
-            f"takes an equal slice of every batch), got {batch_size}"
-            + (f" (all {n} training sequences: give a smaller one)" if batch_size == n else "")
-        )
     # the amortized guide of local latents is not mean-field: its logits depend on the globals
     mean_field = guide == "normal" and not has_local_latents(model)
     elbo_cls = MeanFieldELBO if mean_field else Trace_ELBO
@@ -230,7 +230,13 @@ def _init(
     if init_from is not None:
         settings["init_from"] = init_from.record.get("method", "posterior")
     if parallel is not None:
-        check_same_fit(parallel, model, train, settings)
+        check_same_fit(parallel, model, train, {**settings, "resume_from given": resuming})
+        if batch_size % parallel.world_size:
+            raise ValueError(
+                f"batch_size must be divisible by the world size {parallel.world_size} (each "
+                f"rank takes an equal slice of every batch), got {batch_size}"
+                + (f" (all {n} training sequences: give a smaller one)" if batch_size == n else "")
+            )
     with pyro.get_param_store().scope() as param_store, seeded(seed, device):
         autoguide = build_guide(guide, model, init_scale=init_scale, init_values=start)
         loss_fn = elbo(model, autoguide)
@@ -458,19 +464,23 @@ def fit_svi(
             group's timeout (naming it); the last checkpoint is left as it was.
     """
     settings = (guide, num_steps, batch_size, lr, lr_decay, num_particles)
-    _check_fit(model, data, *settings, distributed)
-    if checkpoint_every is not None:
-        check_int("checkpoint_every", checkpoint_every, type_error=True)
-        if checkpoint_dir is None:
-            raise ValueError("checkpoint_every needs checkpoint_dir: where to write checkpoints")
-    for name, value in (("checkpoint_dir", checkpoint_dir), ("resume_from", resume_from)):
-        if value is not None and not isinstance(value, (str, os.PathLike)):
-            raise TypeError(f"{name} must be a str or os.PathLike, got {type(value).__name__}")
-    if resume_from is not None:
-        load_checkpoint(resume_from)  # fail before any work when it is not a checkpoint
+    with together(joined(distributed), "fit_svi's argument checks"):
+        _check_fit(model, data, *settings, distributed)
+        if checkpoint_every is not None:
+            check_int("checkpoint_every", checkpoint_every, type_error=True)
+            if checkpoint_dir is None:
+                raise ValueError("checkpoint_every needs checkpoint_dir: where to write them")
+        for name, value in (("checkpoint_dir", checkpoint_dir), ("resume_from", resume_from)):
+            if value is not None and not isinstance(value, (str, os.PathLike)):
+                raise TypeError(f"{name} must be a str or os.PathLike, got {type(value).__name__}")
+        if resume_from is not None:
+            load_checkpoint(resume_from)  # fail before any work when it is not a checkpoint
 
     start = time.perf_counter()
-    state = _init(model, data, *settings, init_scale, device, seed, init_from, distributed)
+    state = _init(
+        model, data, *settings, init_scale, device, seed, init_from, distributed,
+        resuming=resume_from is not None,
+    )  # fmt: skip
     if resume_from is not None:
         restore_svi_checkpoint(state, resume_from)
     writes = state.parallel is None or state.parallel.is_main
@@ -500,7 +510,7 @@ def fit_svi(
             save_svi_checkpoint(state, checkpoint_dir)
             where = f"; saved to {checkpoint_dir} (resume_from=...)"
         elif checkpoint_dir is not None:
-            where = f"; rank 0 saves it to {checkpoint_dir}"
+            where = f"; only rank 0 writes checkpoints (to {checkpoint_dir}, when it stops too)"
         raise KeyboardInterrupt(f"fit_svi interrupted at step {state.step}{where}") from e
     return _posterior(state, num_steps, start)
 

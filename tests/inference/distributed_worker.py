@@ -107,13 +107,18 @@ def disagreements(rank: int, out: Path) -> dict[str, str]:
     save_svi_checkpoint(state, out / f"ck{rank}")
     stale = {**SETTINGS, "resume_from": out / f"ck{rank}"}
     calls["resume"] = lambda: fit_svi(model(), train, distributed=True, **stale)
+    alone = {**SETTINGS, "resume_from": out / f"ck{rank}"} if rank else SETTINGS
+    calls["resume on one rank"] = lambda: fit_svi(model(), train, distributed=True, **alone)
+    calls["lr on one rank"] = lambda: fit_svi(
+        model(), train, distributed=True, **{**SETTINGS, "lr": -1.0 if rank else 1e-2}
+    )
     said = {}
     for name, call in calls.items():
         try:
             call()
             said[name] = "no error"
-        except ValueError as e:
-            said[name] = str(e)
+        except (ValueError, RuntimeError) as e:  # RuntimeError: another rank's check failed
+            said[name] = f"{type(e).__name__}: {e}"
     # fewer rows than ranks: every rank runs the one row, no empty share
     one = post.predict(train.x[:1], num_samples=3, distributed=True).probs
     said["one row"] = str(torch.equal(one, post.predict(train.x[:1], num_samples=3).probs))

@@ -24,7 +24,7 @@ from probtransformer.inference.distributed import check_same, together
 from probtransformer.inference.inputs import rows_digest
 
 if TYPE_CHECKING:
-    from probtransformer.inference.svi import SVIState
+    from probtransformer.inference.svi_state import SVIState
 
 #: Version of the on-disk layout written by ``save_checkpoint``.
 CHECKPOINT_VERSION = 1
@@ -110,7 +110,7 @@ def _identity(state: SVIState) -> dict:
 
 
 def save_svi_checkpoint(state: SVIState, path: str | os.PathLike) -> None:
-    """Write ``state`` (an ``inference.svi.SVIState``) as the checkpoint directory ``path``.
+    """Write ``state`` (an ``inference.svi_state.SVIState``) as the checkpoint directory ``path``.
 
     ``restore_svi_checkpoint`` on a fresh ``svi_init`` state of the same model, data and
     settings brings it back, and the steps after it give the numbers ``state`` would have given.

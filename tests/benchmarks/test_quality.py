@@ -1,9 +1,10 @@
-"""The quality benchmark's ChEES sizing and its reading against the ensemble (no fits run)."""
+"""The quality benchmark's ChEES sizing (``benchmarks.quality_fits``) and its reading against
+the ensemble (no fits run)."""
 
 import pytest
 
-from benchmarks import quality
-from benchmarks.quality import FULL, QUICK, Sizes, plan_chees
+from benchmarks import quality, quality_fits
+from benchmarks.quality_fits import FULL, QUICK, Sizes, plan_chees
 from probtransformer.block import BAYESIAN_PARTS
 
 
@@ -25,19 +26,20 @@ def test_chees_fits_the_ensembles_classifier_fully_bayesian_and_runs_after_it():
 
 def planned_seconds(plan: dict, gradient_s: float, map_step_s: float) -> float:
     transitions = plan["num_warmup"] + plan["num_samples"]
-    steps = quality.CHEES_STEPS_PER_TRANSITION
+    steps = quality_fits.CHEES_STEPS_PER_TRANSITION
     return plan["map_steps"] * map_step_s + transitions * steps * gradient_s
 
 
 @pytest.mark.parametrize("times_the_fewest", [1.01, 1.5, 3.0, 10.0])
 def test_plan_chees_keeps_to_the_budget_at_the_assumed_trajectory(times_the_fewest):
-    fewest = quality.MIN_CHEES_WARMUP + quality.MIN_CHEES_DRAWS
-    budget_s = times_the_fewest * fewest * quality.CHEES_STEPS_PER_TRANSITION * 0.4
+    fewest = quality_fits.MIN_CHEES_WARMUP + quality_fits.MIN_CHEES_DRAWS
+    budget_s = times_the_fewest * fewest * quality_fits.CHEES_STEPS_PER_TRANSITION * 0.4
     plan = plan_chees(budget_s, gradient_seconds=0.4, map_step_seconds=0.05, sizes=FULL)
     assert planned_seconds(plan, 0.4, 0.05) <= budget_s
-    assert 1 <= plan["map_steps"] and plan["map_steps"] * 0.05 <= quality.CHEES_MAP_SHARE * budget_s
-    assert plan["num_warmup"] >= quality.MIN_CHEES_WARMUP
-    assert plan["num_samples"] >= quality.MIN_CHEES_DRAWS
+    assert 1 <= plan["map_steps"]
+    assert plan["map_steps"] * 0.05 <= quality_fits.CHEES_MAP_SHARE * budget_s
+    assert plan["num_warmup"] >= quality_fits.MIN_CHEES_WARMUP
+    assert plan["num_samples"] >= quality_fits.MIN_CHEES_DRAWS
 
 
 def test_plan_chees_takes_the_planned_sizes_when_they_fit_and_the_minimums_when_nothing_does():
@@ -50,8 +52,8 @@ def test_plan_chees_takes_the_planned_sizes_when_they_fit_and_the_minimums_when_
     tight = plan_chees(1.0, gradient_seconds=10.0, map_step_seconds=10.0, sizes=FULL)
     assert tight == {
         "map_steps": 1,
-        "num_warmup": quality.MIN_CHEES_WARMUP,
-        "num_samples": quality.MIN_CHEES_DRAWS,
+        "num_warmup": quality_fits.MIN_CHEES_WARMUP,
+        "num_samples": quality_fits.MIN_CHEES_DRAWS,
     }
     quick = plan_chees(1.0, gradient_seconds=10.0, map_step_seconds=10.0, sizes=QUICK)
     assert (quick["num_warmup"], quick["num_samples"]) == (QUICK.chees_warmup, QUICK.chees_draws)
@@ -60,7 +62,7 @@ def test_plan_chees_takes_the_planned_sizes_when_they_fit_and_the_minimums_when_
 def test_plan_chees_splits_a_cut_in_proportion_to_the_planned_warmup_and_draws():
     sizes = Sizes(chees_warmup=60, chees_draws=20)
     gradient_s, map_step_s = 2**-3, 2**-10  # exact in binary: 40 transitions exactly fit
-    budget_s = 40 * quality.CHEES_STEPS_PER_TRANSITION * gradient_s + map_step_s * 1000
+    budget_s = 40 * quality_fits.CHEES_STEPS_PER_TRANSITION * gradient_s + map_step_s * 1000
     plan = plan_chees(budget_s, gradient_s, map_step_seconds=map_step_s, sizes=sizes)
     assert plan["map_steps"] == 1000
     assert (plan["num_warmup"], plan["num_samples"]) == (30, 10)

@@ -42,8 +42,12 @@ def run(args: argparse.Namespace) -> int:
 
     Returns:
         The exit status: 0, or 130 when MCMC sampling was interrupted (Ctrl-C) and the run
-        holds the draws kept so far (``partial``; a line on stderr says so at once, and that
-        another Ctrl-C while the run is evaluated and written discards it).
+        holds the draws kept so far (``partial``; a line on stderr says so at once).
+
+    Raises:
+        KeyboardInterrupt: Ctrl-C after the fit, while the run is evaluated or written: nothing
+            is written to the run directory, and the fitted posterior is saved next to it
+            (``OUT.posterior``, loaded by ``inference.load_posterior``) so the fit is not lost.
     """
     from probtransformer.tasks import TASKS, task_for_dataset
 
@@ -127,37 +131,61 @@ def _run(args: argparse.Namespace, task, guide: str | None, target: Path, parall
         if partial:  # said at once: the predictions take a while before the run is written
             print(
                 f"{PROG}: sampling was interrupted; evaluating and writing the draws kept so "
-                "far (Ctrl-C again discards them)",
+                f"far (Ctrl-C again stops, keeping only the posterior: {_kept_path(target)})",
                 file=sys.stderr,
                 flush=True,
             )
-        draws = given(num_samples=_prediction_draws(post, args.num_samples), seed=args.seed)
-        test = splits.test  # validated once, with its targets: later passes reuse the check
-        check_inputs(post.model, test.x, test.y, test.mask)
-        evaluation = task.evaluate(post, splits, draws)
-        record = dict(
-            **evaluation.metrics,
-            num_train=len(splits.train),
-            num_test=len(splits.test),
-            **evaluation.sizes,
-            seconds=seconds,
-            dataset=args.dataset,
-            task=task.name,
-            model=type(model).__name__,
-            val_fraction=meta["val_fraction"],
-            inference=args.inference,
-            **_fit_settings(post),
-            **given(world_size=post.record.get("world_size")),  # under torchrun
-            num_samples=evaluation.num_samples,
-            seed=args.seed,
-            device=str(post.device),
-            threads=torch.get_num_threads(),
-        )
-        if "class_names" in meta:
-            record["class_names"] = meta["class_names"]
-        write_run(target, post, splits, record, draws, task, evaluation)
+        try:  # a Ctrl-C from here on keeps the fit (_kept_fit)
+            draws = given(num_samples=_prediction_draws(post, args.num_samples), seed=args.seed)
+            test = splits.test  # validated once, with its targets: later passes reuse the check
+            check_inputs(post.model, test.x, test.y, test.mask)
+            evaluation = task.evaluate(post, splits, draws)
+            record = dict(
+                **evaluation.metrics,
+                num_train=len(splits.train),
+                num_test=len(splits.test),
+                **evaluation.sizes,
+                seconds=seconds,
+                dataset=args.dataset,
+                task=task.name,
+                model=type(model).__name__,
+                val_fraction=meta["val_fraction"],
+                inference=args.inference,
+                **_fit_settings(post),
+                **given(world_size=post.record.get("world_size")),  # under torchrun
+                num_samples=evaluation.num_samples,
+                seed=args.seed,
+                device=str(post.device),
+                threads=torch.get_num_threads(),
+            )
+            if "class_names" in meta:
+                record["class_names"] = meta["class_names"]
+            write_run(target, post, splits, record, draws, task, evaluation)
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt(_kept_fit(post, target)) from None
     _print_metrics(target, record, task, evaluation.lines)
     return 130 if partial else 0
+
+
+def _kept_path(target: Path) -> Path:
+    """Where a Ctrl-C after the fit keeps the fitted posterior: ``OUT.posterior``."""
+    return target.absolute().with_name(f"{target.name}.posterior")
+
+
+def _kept_fit(post, target: Path) -> str:
+    """Save ``post`` to ``_kept_path(target)`` after a Ctrl-C during the evaluation; the message
+    saying where it is (or why it could not be kept)."""
+    kept = _kept_path(target)
+    try:
+        post.save(kept)
+    except (OSError, ValueError) as e:
+        return f"interrupted after the fit; nothing was written, and the fit was lost: {e}"
+    except KeyboardInterrupt:
+        return "interrupted after the fit, and again while keeping it; nothing was written"
+    return (
+        f"interrupted after the fit; nothing was written to {target}, and the fitted posterior "
+        f"is kept in {kept} (probtransformer.inference.load_posterior loads it)"
+    )
 
 
 def _model_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -520,7 +520,7 @@ def test_mcmc_interrupted_writes_a_partial_run(tmp_path, monkeypatch, capsys):
     assert "PARTIAL: sampling was interrupted" in capsys.readouterr().out
 
 
-def test_an_interrupted_run_says_so_at_once_and_a_second_ctrl_c_discards_it(
+def test_an_interrupted_run_says_so_at_once_and_a_second_ctrl_c_keeps_the_posterior(
     tmp_path, monkeypatch, capsys
 ):
     from probtransformer.cli import fit as fit_command
@@ -535,8 +535,31 @@ def test_an_interrupted_run_says_so_at_once_and_a_second_ctrl_c_discards_it(
     assert main(["fit", "--out", str(out), *TINY_MCMC, "--num-chains", "1"]) == 130
     err = capsys.readouterr().err
     assert "sampling was interrupted; evaluating and writing the draws kept so far" in err
-    assert "Ctrl-C again discards them" in err and "nothing was written" in err
+    assert "Ctrl-C again stops, keeping only the posterior" in err
+    assert f"nothing was written to {out}" in " ".join(err.split())
     assert not out.exists()
+    kept = load_posterior(tmp_path / "partial.posterior")
+    assert kept.record["partial"] is True and kept.samples["head.weight"].shape[:2] == (1, 1)
+
+
+def test_ctrl_c_while_the_fit_is_evaluated_keeps_the_fit(tmp_path, monkeypatch, capsys):
+    """Minutes of fitting are not lost to a Ctrl-C during the test predictions: the posterior
+    is saved next to the run directory, which is not written."""
+    from probtransformer.tasks import classification
+
+    def impatient(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(classification.ClassificationTask, "evaluate", impatient)
+    out = tmp_path / "run"
+    assert main(["fit", "--out", str(out), *TINY, "--num-train", "64"]) == 130
+    err = " ".join(capsys.readouterr().err.split())
+    kept = tmp_path / "run.posterior"
+    assert f"nothing was written to {out}, and the fitted posterior is kept in {kept}" in err
+    assert not out.exists()
+    post = load_posterior(kept)
+    assert post.record["method"] == "svi" and post.record["steps_done"] == 30
+    assert post.predict(torch.zeros(2, T, F), num_samples=3).probs.shape == (3, 2, C)
 
 
 def test_mcmc_interrupted_before_a_draw_writes_nothing(

@@ -12,15 +12,17 @@ Claims (the source material's figures, from other models and data sets):
 
 Tasks: ``digits`` (``SequenceClassifier``: 8 rows of 8 pixels; test accuracy, NLL, ECE on the
 450 test digits), ``wordseg`` (pydoc-wordseg, ``TokenTagger``: boundary F1 and token accuracy
-over the real characters of the first 200 test rows) and ``lm`` (pydoc-text character
-``CausalLM``: perplexity of the posterior predictive mean on the first 200 test rows, 12,800
-characters). The metric functions are ``benchmarks.studies.task_families``'.
+over the real characters of the first 200 test rows, with their NLL and ECE) and ``lm``
+(pydoc-text character ``CausalLM``: perplexity, NLL and top-label ECE of the posterior
+predictive mean of the next character on the first 200 test rows, 12,800 characters). The
+metric functions are ``benchmarks.studies.task_families``'.
 
 Variants of each task: ``base`` (d_model 32, 8 heads so d_head 4, 2 layers, d_ff 128, soft
 attention, pre-norm LayerNorm, dropout 0), ``hard`` (``hard_attention=True``), ``heads1``
 (``num_heads=1``), ``noffn`` (``d_ff=0``), ``noln`` (``layer_norm=False``), ``noattn`` (text
 tasks only: every attention head switched off, so the model learns with its convolutions and
-feed-forward layers alone) and ``lstm``
+feed-forward layers alone), ``before`` (text tasks only: the text models' defaults before issue
+16's recipe, ``BEFORE_RECIPE``, fitted at lr 1e-2 as they were) and ``lstm``
 (``benchmarks/_lstm.py``: the same embedding, head and likelihood around a deterministic
 2-layer ``nn.LSTM``, bidirectional for digits and wordseg, unidirectional for the causal LM;
 its hidden size is the one whose parameter count, deterministic plus latent scalars, is
@@ -81,8 +83,8 @@ from scipy import stats
 from benchmarks import _suite
 from benchmarks._lstm import LSTMLM, LSTMClassifier, LSTMTagger
 from benchmarks._suite import Context, fmt, mean_spread
-from benchmarks.studies.task_families import _classification, _lm_perplexity, _tagging_scores
-from probtransformer import datasets, metrics
+from benchmarks.studies.task_families import _classification, _tagging_scores
+from probtransformer import datasets, metrics, priors
 from probtransformer.datasets import SequenceData
 from probtransformer.inference import NonFiniteELBOError, fit_svi
 from probtransformer.inference._runtime import pyro_scope, seeded
@@ -100,6 +102,14 @@ BUDGET_S = 180.0
 SEEDS = (0, 1, 2)
 #: Transformer sizes shared by every variant; a variant overrides one of them.
 BASE = dict(d_model=32, num_heads=8, num_layers=2, d_ff=128, dropout=0.0)
+#: The text models' defaults before issue 16's recipe (sinusoidal positions, the per-head
+#: logit-scale prior, no convolution, d_ff 128), which the old text rows measured at lr ``LR``.
+BEFORE_RECIPE = dict(
+    positions="sinusoidal",
+    attention_prior=priors.LogitScalePrior(),
+    conv_kernel=0,
+    d_ff=BASE["d_ff"],
+)
 #: Transformer keyword overrides per variant; ``lstm`` is the LSTM counterpart instead.
 VARIANTS = {
     "base": {},
@@ -108,11 +118,12 @@ VARIANTS = {
     "noffn": {"d_ff": 0},
     "noln": {"layer_norm": False},
     "noattn": {"attention": False},
+    "before": BEFORE_RECIPE,  # fitted at lr LR (run_row)
     "lstm": None,
 }
 #: Variants run on some tasks only: attention ablated, to show what attention adds to the text
-#: recipe's convolutions and feed-forward layers.
-VARIANT_TASKS = {"noattn": ("wordseg", "lm")}
+#: recipe's convolutions and feed-forward layers; the text models before the recipe.
+VARIANT_TASKS = {"noattn": ("wordseg", "lm"), "before": ("wordseg", "lm")}
 LSTM_LAYERS = 2
 LR = 1e-2
 #: ``BASE`` overrides of the text recipe, so that its convolutions keep the parameter count
@@ -165,7 +176,7 @@ TASKS = {
         1000,
         32,
         200,
-        {"boundary_f1": True, "token_accuracy": True, "nll": False},
+        {"boundary_f1": True, "token_accuracy": True, "nll": False, "ece": False},
         lr=TaggingTask.fit_preset["lr"],
         sizes=TEXT_SIZES["wordseg"],
     ),
@@ -174,7 +185,7 @@ TASKS = {
         1200,
         32,
         200,
-        {"perplexity": False},
+        {"perplexity": False, "nll": False, "ece": False},
         lr=LanguageModelingTask.fit_preset["lr"],
         sizes=TEXT_SIZES["lm"],
     ),
@@ -327,11 +338,27 @@ def matching_hidden_size(
 def evaluate(name: str, post, test: SequenceData, draws: int, seed: int) -> dict[str, float]:
     """The task's test metrics (``benchmarks.studies.task_families``' definitions)."""
     if name == "lm":
-        return {"perplexity": _lm_perplexity(post, test, draws, seed)}
+        return _lm_scores(post, test, draws, seed)
     pred = post.predict(test.x, test.mask, num_samples=draws, seed=seed, batch_size=64)
     if name == "digits":
         return _classification(pred.mean, test.y)
     return _tagging_scores(*metrics.token_level(pred.mean, test.y, test.mask))
+
+
+def _lm_scores(post, test: SequenceData, draws: int, seed: int, rows: int = 16) -> dict:
+    """Perplexity, NLL (nats per character) and ECE (15 equal-width bins, top-label) of the
+    posterior predictive mean of the next character, in batches of ``rows`` sequences."""
+    means = [
+        post.predict(part.x, num_samples=draws, seed=seed, batch_size=rows).mean
+        for part in (test[start : start + rows] for start in range(0, len(test), rows))
+    ]
+    probs, y = metrics.token_level(torch.cat(means).double(), test.y)
+    nll = metrics.nll(probs, y)
+    return {
+        "perplexity": math.exp(nll),
+        "nll": nll,
+        "ece": metrics.ece(probs, y, n_bins=15, strategy="uniform"),
+    }
 
 
 def loss_trace(elbo: list[float], num_data: int) -> tuple[list[float], list[int]]:
@@ -378,9 +405,11 @@ def run_row(key: str, ctx: Context) -> dict:
         )
         model = lstm(name, meta, hidden_size)
     else:
-        model = transformer(name, meta, **VARIANTS[variant])
+        model = transformer(
+            name, meta, **(BEFORE_RECIPE if variant == "before" else VARIANTS[variant])
+        )
     fit_seed = ctx.seed + seed
-    lr = LR if variant == "lstm" else task.lr
+    lr = LR if variant in ("lstm", "before") else task.lr
     svi = dict(batch_size=task.batch_size, lr=lr, device=ctx.device, seed=fit_seed)
     step_seconds, setup_seconds, num_steps = None, None, task.num_steps
     if task.num_steps > PILOT_STEPS:

@@ -471,11 +471,13 @@ def _forecast_transformer(name, method, row, train, val, test, meta, cfg, seed, 
 
 
 def _tagging_scores(probs: np.ndarray, y: np.ndarray) -> dict:
-    """Boundary F1 (positive class 1), token accuracy and NLL of ``probs (M, 2)``, ``y (M,)``."""
+    """Boundary F1 (positive class 1), token accuracy, NLL and ECE (15 equal-width bins) of
+    ``probs (M, 2)``, ``y (M,)``."""
     return {
         "boundary_f1": float(f1_score(y, probs.argmax(1), pos_label=1)),
         "token_accuracy": metrics.accuracy(probs, y),
         "nll": metrics.nll(probs, y),
+        "ece": metrics.ece(probs, y, n_bins=15, strategy="uniform"),
     }
 
 

@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import ipaddress
 import os
+import socket
 import sys
 
 from probtransformer.cli._common import PROG, CLIError, warn
@@ -99,14 +100,15 @@ def run(args: argparse.Namespace) -> None:
     which stop taking connections and answer the requests in flight first.
 
     Raises:
-        CLIError: the serve extra is missing, or ``--api-key-env`` names an unset variable.
+        CLIError: the serve extra is missing, ``--api-key-env`` names an unset variable, or
+            the address cannot be bound (the port is in use).
         ValueError: not a run directory, or a run the server cannot serve.
         KeyboardInterrupt: after Ctrl-C, once the requests in flight are answered.
     """
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401
 
-        from probtransformer.serving import Limits, Service, create_app
+        import probtransformer.serving  # noqa: F401
     except ImportError as e:
         raise CLIError(
             f"serve needs FastAPI and uvicorn ({e.name} is missing): "
@@ -128,6 +130,38 @@ def run(args: argparse.Namespace) -> None:
             )
     elif not _loopback(args.host):
         warn(f"serving on {args.host} without --api-key-env: anyone who reaches it may use it")
+    # bound first: a port in use fails at once, before the run loads
+    with _bound_socket(args.host, args.port) as listening:
+        _serve(args, listening, api_key)
+
+
+def _bound_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` for uvicorn to listen on.
+
+    Raises:
+        CLIError: the address cannot be bound (in use, not this machine's, no permission).
+    """
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise CLIError(f"--host {host}: not an address of this machine ({e.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    listening = socket.socket(family, kind, proto)
+    listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+    try:
+        listening.bind(address)
+    except OSError as e:
+        listening.close()
+        raise CLIError(f"cannot listen on {host} port {port}: {e.strerror or e}") from None
+    return listening
+
+
+def _serve(args: argparse.Namespace, listening: socket.socket, api_key: str | None) -> None:
+    """``run`` once the options are checked and the socket is bound."""
+    import uvicorn
+
+    from probtransformer.serving import Limits, Service, create_app
+
     service = Service(read_run(args.run_dir, device=args.device), num_samples=args.num_samples)
     if service.diagnostics is not None and service.diagnostics["ok"] is None:
         warn(service.diagnostics["warnings"][0])
@@ -152,7 +186,7 @@ def run(args: argparse.Namespace) -> None:
     )
     server = uvicorn.Server(config)
     try:
-        server.run()
+        server.run(sockets=[listening])
     except KeyboardInterrupt:
         if server.force_exit:  # a second Ctrl-C
             raise KeyboardInterrupt("stopped at once; requests in flight were dropped") from None

@@ -223,6 +223,7 @@ def create_app(service: Service, limits: Limits | None = None, *, api_key: str |
         return {"status": "ok"}
 
     @app.get("/metadata", dependencies=[Depends(authorized)])
+    @app.head("/metadata", dependencies=[Depends(authorized)], include_in_schema=False)
     async def metadata() -> dict:
         """The run: task, input shape, classes or vocabulary, training range, fit summary,
         diagnostics verdict, units, and the server's limits and batching."""

@@ -156,6 +156,8 @@ def test_health_metadata_and_docs(server):
     assert "nats" in fields["abstain_above"]["description"]
     assert httpx.get(f"{server.url}/docs").status_code == 200
     assert httpx.head(f"{server.url}/health").status_code == 200
+    assert httpx.head(f"{server.url}/metadata", headers=HEADERS).status_code == 200
+    assert httpx.head(f"{server.url}/metadata").status_code == 401
     operations = [op["operationId"] for path in schema["paths"].values() for op in path.values()]
     assert len(operations) == len(set(operations))
 
@@ -439,6 +441,19 @@ def test_a_crafted_run_executes_nothing_and_refuses_to_start(tmp_path, capsys):
     assert main(["serve", str(run_dir), "--port", str(_free_port())]) == 2
     assert not marker.exists()
     assert "not a registered model class" in capsys.readouterr().err
+
+
+def test_a_port_in_use_is_refused_in_one_line_before_the_run_loads(tmp_path, capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        missing = tmp_path / "no-run"  # not read: the port is checked first
+        assert main(["serve", str(missing), "--port", port]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1 port {port}: Address already in use" in err
+    assert main(["serve", str(missing), "--host", "no-such-host.invalid"]) == 2
+    assert "--host no-such-host.invalid: not an address of this machine" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -268,11 +268,19 @@ def create_app(service: Service, limits: Limits | None = None, *, api_key: str |
             )
         key = payload.key(merges)
         answer = asyncio.ensure_future(batcher.submit(key, payload, rows))
-        while not answer.done():  # a request whose client left is dropped from the queue
-            await asyncio.wait({answer}, timeout=DISCONNECT_POLL_SECONDS)
-            if not answer.done() and await request.is_disconnected():
-                answer.cancel()
-                raise HTTPException(499, "the client went away")
+        try:
+            while not answer.done():  # a request whose client left is dropped from the queue
+                await asyncio.wait({answer}, timeout=DISCONNECT_POLL_SECONDS)
+                if not answer.done() and await request.is_disconnected():
+                    answer.cancel()
+                    raise HTTPException(499, "the client went away")
+        except asyncio.CancelledError:  # a forced shutdown (a second Ctrl-C) cancels the wait
+            answer.cancel()
+            return JSONResponse(
+                {"detail": "the server stopped before answering; send the request again"},
+                status_code=503,
+                headers={"Retry-After": "1"},
+            )
         try:
             out = answer.result()
         except (TypeError, ValueError) as e:  # the model refused the input

@@ -501,3 +501,19 @@ def test_stopping_drains_the_requests_in_flight(digits_run, digits, sig):
     assert answer.status_code == 200 and len(answer.json()["rows"]) == 2
     assert server.process.returncode is not None
     assert "Shutting down" in output
+
+
+def test_a_second_ctrl_c_answers_the_requests_it_cuts_off_with_503(digits_run, digits):
+    """A forced stop drops what is in flight, with a 503 the client can retry, not a 500."""
+    server = Server(digits_run, "--max-wait-ms", "1000")
+    body = {"sequences": digits.test.x[:2].tolist(), "num_samples": 3}
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(_post, server, body, headers={})
+        time.sleep(0.4)  # in its 1-second batching window
+        server.process.send_signal(signal.SIGINT)
+        time.sleep(0.1)
+        output = server.stop(signal.SIGINT)
+        answer = pending.result()
+    assert answer.status_code == 503, answer.text
+    assert answer.headers["retry-after"] == "1" and "send the request again" in answer.text
+    assert "stopped at once; requests in flight were dropped" in output

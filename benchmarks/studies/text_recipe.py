@@ -109,6 +109,16 @@ ROUND3: dict[str, dict] = {
     "alibi5+conv9+dff124+lr3e-2+decay1": combined(
         5.0, 9, model={"d_ff": 124}, fit={"lr": 3e-2, "lr_decay": 1.0}
     ),
+    # no decay won (0.918 against 0.907): around it
+    "alibi5+conv9+dff124+lr2e-2+decay1": combined(
+        5.0, 9, model={"d_ff": 124}, fit={"lr": 2e-2, "lr_decay": 1.0}
+    ),
+    "alibi5+conv9+dff124+lr3e-2+decay1+warm": combined(
+        5.0, 9, model={"d_ff": 124}, fit={"lr": 3e-2, "lr_decay": 1.0}, warm=0.3
+    ),
+    "alibi5+conv13+dff120+lr3e-2+decay1": combined(
+        5.0, 13, model={"d_ff": 120}, fit={"lr": 3e-2, "lr_decay": 1.0}
+    ),
 }
 ROUNDS = {1: ROUND1, 2: ROUND2, 3: ROUND3}
 RECIPES = {name: recipe for rnd in ROUNDS.values() for name, recipe in rnd.items()}

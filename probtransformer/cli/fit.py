@@ -332,6 +332,7 @@ def _fit_svi(
             num_steps=args.num_steps,
             batch_size=args.batch_size,
             lr=args.lr,
+            lr_decay=args.lr_decay,
             device=args.device,
             checkpoint_every=args.checkpoint_every,
             checkpoint_dir=checkpoint_dir,

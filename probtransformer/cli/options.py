@@ -9,7 +9,8 @@ from typing import Any
 INFERENCES = ("svi", "map", "mcmc", "mc-dropout", "ensemble")
 #: None: the guide is --guide's (or fit_svi's); the baselines are MAP fits (AutoDelta)
 INFERENCE_GUIDES = {"svi": None, "map": "delta", "mc-dropout": "delta", "ensemble": "delta"}
-SVI_OPTIONS = ("guide", "num_steps", "batch_size", "lr")  # fit_svi settings: all but mcmc
+#: fit_svi settings: every inference method but mcmc
+SVI_OPTIONS = ("guide", "num_steps", "batch_size", "lr", "lr_decay")
 CHECKPOINT_OPTIONS = ("checkpoint_every", "checkpoint_dir", "resume_from")  # svi and map only
 ENSEMBLE_OPTIONS = ("n_members",)  # fit_ensemble settings: ensemble only
 #: The inference methods that ``torchrun`` runs data-parallel: those built on ``fit_svi`` (and

@@ -180,6 +180,12 @@ def test_fit_help_shows_the_library_defaults(capsys):
     for option, default, task in (
         ("--num-steps N optimisation steps", fit["num_steps"].default, TaggingTask),
         ("--lr LR initial Adam learning rate", fit["lr"].default, TaggingTask),
+        (
+            "--lr-decay F final learning rate as a fraction of --lr, in (0, 1]; 1 holds it "
+            "constant",
+            fit["lr_decay"].default,
+            TaggingTask,
+        ),
     ):
         key = option.split()[0][2:].replace("-", "_")
         assert f"{option} (default: {default}; tagging" in text
@@ -552,13 +558,14 @@ def test_ctrl_c_while_the_fit_is_evaluated_keeps_the_fit(tmp_path, monkeypatch, 
 
     monkeypatch.setattr(classification.ClassificationTask, "evaluate", impatient)
     out = tmp_path / "run"
-    assert main(["fit", "--out", str(out), *TINY, "--num-train", "64"]) == 130
+    assert main(["fit", "--out", str(out), *TINY, "--num-train", "64", "--lr-decay", "1"]) == 130
     err = " ".join(capsys.readouterr().err.split())
     kept = tmp_path / "run.posterior"
     assert f"nothing was written to {out}, and the fitted posterior is kept in {kept}" in err
     assert not out.exists()
     post = load_posterior(kept)
     assert post.record["method"] == "svi" and post.record["steps_done"] == 30
+    assert post.record["lr_decay"] == 1.0  # --lr-decay reached fit_svi
     assert post.predict(torch.zeros(2, T, F), num_samples=3).probs.shape == (3, 2, C)
 
 
@@ -578,6 +585,10 @@ def test_mcmc_interrupted_before_a_draw_writes_nothing(
         (
             ["--lr", "0.1"],
             "--lr applies to --inference svi, map, mc-dropout and ensemble, not mcmc",
+        ),
+        (
+            ["--lr-decay", "1"],
+            "--lr-decay applies to --inference svi, map, mc-dropout and ensemble, not mcmc",
         ),
         (["--num-steps", "5", "--batch-size", "8"], "--num-steps, --batch-size apply to"),
         (

@@ -63,7 +63,7 @@ Definitions used by ``markdown``:
   loss of base, median final loss of noln)``, so the median seed of both reaches it; the
   saving is ``1 - median steps(base) / median steps(noln)`` (claim 30%).
 
-Run (54 rows of 20-80 s: about 45 minutes on 2 busy CPU cores; ``--quick``: 18 tiny rows of
+Run (72 rows of 20-180 s: about 1.5 hours on 2 busy CPU cores; ``--quick``: 24 tiny rows of
 seed 0, in seconds)::
 
     python -m benchmarks.run --only claims

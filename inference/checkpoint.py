@@ -92,8 +92,10 @@ def check_compatible(meta: dict, expected: dict, path: str | os.PathLike) -> Non
                 names = sorted(k for k in set(value) | set(saved) if value.get(k) != saved.get(k))
                 saved = {k: saved.get(k) for k in names}
                 value = {k: value.get(k) for k in names}
+            verb = "are" if key.endswith("s") else "is"
             raise ValueError(
-                f"cannot resume from {path}: its {key} is {saved!r} but this fit has {value!r}; "
+                f"cannot resume from {path}: its {key} {verb} {saved!r} but this fit has "
+                f"{value!r}; "
                 "resume with the same model, data and settings (num_steps included)"
             )
 

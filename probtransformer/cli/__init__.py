@@ -99,8 +99,9 @@ Exit status: 0 on success; 2 on bad arguments or input files, with one line on s
 ``probtransformer: error:``; 1 when the fit diverges (``NonFiniteELBOError``); 130 on Ctrl-C,
 also when MCMC sampling was interrupted after its first kept draw and the run was written with
 the draws so far (marked partial). A Ctrl-C after the fit, while the run is evaluated or
-written, writes no run directory but keeps the fitted posterior in ``OUT.posterior``
-(``inference.load_posterior`` loads it), as the error line says.
+written, writes no run directory but keeps the fitted posterior in ``OUT.posterior`` (or the
+first free ``OUT.posterior-2``, ...; ``inference.load_posterior`` loads it), as the error line
+says.
 """
 
 from probtransformer.cli._common import CLIError

@@ -46,3 +46,14 @@ def float_in(minimum: float, maximum: float) -> Callable[[str], float]:
         return value
 
     return parse
+
+
+def fraction(text: str) -> float:
+    """argparse type: a number in (0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and 0 < value <= 1):
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
+    return value

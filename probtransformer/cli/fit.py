@@ -47,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         KeyboardInterrupt: Ctrl-C after the fit, while the run is evaluated or written: nothing
             is written to the run directory, and the fitted posterior is saved next to it
-            (``OUT.posterior``, loaded by ``inference.load_posterior``) so the fit is not lost.
+            (``OUT.posterior``, or ``OUT.posterior-2`` ... when that exists; loaded by
+            ``inference.load_posterior``) so the fit is not lost.
     """
     from probtransformer.tasks import TASKS, task_for_dataset
 
@@ -131,7 +132,7 @@ def _run(args: argparse.Namespace, task, guide: str | None, target: Path, parall
         if partial:  # said at once: the predictions take a while before the run is written
             print(
                 f"{PROG}: sampling was interrupted; evaluating and writing the draws kept so "
-                f"far (Ctrl-C again stops, keeping only the posterior: {_kept_path(target)})",
+                "far (Ctrl-C again stops, keeping only the posterior next to the run directory)",
                 file=sys.stderr,
                 flush=True,
             )
@@ -167,9 +168,20 @@ def _run(args: argparse.Namespace, task, guide: str | None, target: Path, parall
     return 130 if partial else 0
 
 
+def _sibling(target: Path, suffix: str) -> Path:
+    """``OUT<suffix>`` next to the run directory ``OUT`` (``--out .`` included)."""
+    target = target.absolute()
+    return target.with_name(target.name + suffix)
+
+
 def _kept_path(target: Path) -> Path:
-    """Where a Ctrl-C after the fit keeps the fitted posterior: ``OUT.posterior``."""
-    return target.absolute().with_name(f"{target.name}.posterior")
+    """Where a Ctrl-C after the fit keeps the fitted posterior: ``OUT.posterior``, or the first
+    free ``OUT.posterior-2``, ``-3``, ... (nothing there is replaced)."""
+    kept, n = _sibling(target, ".posterior"), 1
+    while kept.exists() or kept.is_symlink():
+        n += 1
+        kept = _sibling(target, f".posterior-{n}")
+    return kept
 
 
 def _kept_fit(post, target: Path) -> str:
@@ -321,7 +333,7 @@ def _fit_svi(
         fit, specific = inference.fit_svi, dict(guide=guide or args.guide)
     checkpoint_dir = args.checkpoint_dir
     if args.checkpoint_every is not None and checkpoint_dir is None:
-        checkpoint_dir = target.absolute().with_name(f"{target.name}.checkpoint")
+        checkpoint_dir = _sibling(target, ".checkpoint")
     return fit(
         model,
         train,
@@ -386,7 +398,13 @@ def _fit_settings(post) -> dict[str, Any]:
             member_final_losses=[member["final_loss"] for member in record["members"]],
         )
     if record["method"] != "mcmc":
-        return dict(guide=record["guide"], num_steps=record["num_steps"])
+        return dict(
+            guide=record["guide"],
+            num_steps=record["num_steps"],
+            batch_size=record["batch_size"],
+            lr=record["lr"],
+            lr_decay=record["lr_decay"],
+        )
     chains, kept = next(iter(post.samples.values())).shape[:2]
     # no sample_stats: an interrupted worker process took them along (recorded as None)
     diverging = (record.get("sample_stats") or {}).get("diverging")

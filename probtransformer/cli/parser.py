@@ -15,7 +15,7 @@ from probtransformer.cli import predict as predict_command
 from probtransformer.cli import report as report_command
 from probtransformer.cli import serve as serve_command
 from probtransformer.cli._common import PROG
-from probtransformer.cli.argtypes import float_in, int_in, non_negative_int, positive_int
+from probtransformer.cli.argtypes import fraction, int_in, non_negative_int, positive_int
 from probtransformer.cli.help import LibraryDefaultsFormatter
 from probtransformer.cli.options import (
     INFERENCES,
@@ -195,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     svi.add_argument("--lr", type=float, help="initial Adam learning rate")
     svi.add_argument(
         "--lr-decay",
-        type=float_in(0.0, 1.0),
+        type=fraction,
         metavar="F",
         help="final learning rate as a fraction of --lr, in (0, 1]; 1 holds it constant",
     )

@@ -128,10 +128,10 @@ def run(args: argparse.Namespace) -> None:
                 f"--api-key-env {args.api_key_env}: the key has surrounding whitespace, control "
                 "or non-ASCII characters, which HTTP headers do not carry; remove them"
             )
-    elif not _loopback(args.host):
-        warn(f"serving on {args.host} without --api-key-env: anyone who reaches it may use it")
     # bound first: a port in use fails at once, before the run loads
     with _bound_socket(args.host, args.port) as listening:
+        if api_key is None and not _loopback(args.host):
+            warn(f"serving on {args.host} without --api-key-env: anyone who reaches it may use it")
         _serve(args, listening, api_key)
 
 

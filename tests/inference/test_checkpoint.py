@@ -108,8 +108,8 @@ def test_periodic_checkpoints_resume_to_the_same_numbers(
     ("change", "message"),
     [
         (dict(model=dict(d_model=16)), "its config is"),
-        (dict(settings=dict(lr=2e-2)), "its settings is"),
-        (dict(settings=dict(num_steps=40)), "its settings is"),
+        (dict(settings=dict(lr=2e-2)), "its settings are"),
+        (dict(settings=dict(num_steps=40)), "its settings are"),
         (dict(data=True), "its data is"),
     ],
 )

@@ -110,7 +110,7 @@ def test_restore_refuses_a_state_of_other_settings(data, tmp_path):
     svi_step(state)
     save_svi_checkpoint(state, tmp_path / "ckpt")
     other = svi_init(_model(), data, device="cpu", **{**SETTINGS, "lr": 2e-2})
-    with pytest.raises(ValueError, match="its settings is"):
+    with pytest.raises(ValueError, match="its settings are"):
         restore_svi_checkpoint(other, tmp_path / "ckpt")
 
 

@@ -137,6 +137,10 @@ def test_fit_metrics_are_those_of_the_test_split(run, splits):
     assert record["mean_epistemic"] >= 0 and record["seconds"] > 0
     assert (record["dataset"], record["inference"], record["guide"]) == ("digits", "svi", "normal")
     assert (record["num_steps"], record["num_samples"], record["seed"]) == (30, NUM_SAMPLES, 0)
+    fit_defaults = inspect.signature(fit_svi).parameters  # the optimiser's settings recorded
+    assert (record["lr"], record["lr_decay"], record["batch_size"]) == tuple(
+        fit_defaults[name].default for name in ("lr", "lr_decay", "batch_size")
+    )
 
     # the same numbers from the saved posterior's test-split predictive (same draws and seed)
     pred = load_posterior(run_dir / "posterior").predict(
@@ -558,11 +562,12 @@ def test_ctrl_c_while_the_fit_is_evaluated_keeps_the_fit(tmp_path, monkeypatch, 
 
     monkeypatch.setattr(classification.ClassificationTask, "evaluate", impatient)
     out = tmp_path / "run"
+    (tmp_path / "run.posterior").write_text("someone's file")  # never replaced
     assert main(["fit", "--out", str(out), *TINY, "--num-train", "64", "--lr-decay", "1"]) == 130
     err = " ".join(capsys.readouterr().err.split())
-    kept = tmp_path / "run.posterior"
+    kept = tmp_path / "run.posterior-2"
     assert f"nothing was written to {out}, and the fitted posterior is kept in {kept}" in err
-    assert not out.exists()
+    assert not out.exists() and (tmp_path / "run.posterior").read_text() == "someone's file"
     post = load_posterior(kept)
     assert post.record["method"] == "svi" and post.record["steps_done"] == 30
     assert post.record["lr_decay"] == 1.0  # --lr-decay reached fit_svi
@@ -975,3 +980,12 @@ def test_a_run_written_before_diagnostics_json_still_reads(tmp_path, capsys):
     html = (run_dir / "report.html").read_text(encoding="utf-8")
     sections = re.findall(r'<h2 id="([a-z-]+)"', html)
     assert sections[:3] == ["metrics", "reliability", "risk-coverage"]
+
+
+def test_files_next_to_the_run_directory_are_named_after_it_for_out_dot(tmp_path, monkeypatch):
+    from probtransformer.cli import fit as fit_command
+
+    (tmp_path / "e").mkdir()
+    monkeypatch.chdir(tmp_path / "e")
+    assert fit_command._kept_path(Path(".")) == tmp_path / "e.posterior"
+    assert fit_command._sibling(Path("."), ".checkpoint") == tmp_path / "e.checkpoint"

@@ -197,12 +197,12 @@ print(
 table.round(3).to_frame()
 
 # %% [markdown]
-# In a full run the Bayesian model reaches a test perplexity of 4.20 (1.44 nats per
+# In a full run the Bayesian model reaches a test perplexity of 3.85 (1.35 nats per
 # character), against 10.28 for the bigram (k = 0.1; 2.33 nats) and 25.6 for the unigram.
 # The -ELBO was still falling when the fit stopped (figure above): a longer fit would do
-# better. The mean predictive entropy, 1.37 nats per character, is a little below the 1.44
-# nats the model actually scores: it is slightly over-confident on average. The epistemic
-# part is 0.046 nats of it, about 3%.
+# better. The mean predictive entropy, 1.21 nats per character, is below the 1.35 nats the
+# model actually scores: it is somewhat over-confident on average. The epistemic part is
+# 0.037 nats of it, about 3%.
 #
 # The windows do not overlap, so the character at position `t` of a window is predicted from
 # `t + 1` characters of context: the first from one character (like the bigram), the last
@@ -234,10 +234,10 @@ position_figure(by_position)
 
 # %% [markdown]
 # With one character of context the model is a little worse than the bigram (perplexity
-# about 11 against 10: the bigram's counts are exact where the network has to learn them).
-# Each further character helps at first: perplexity about 7 with two characters of context
-# and about 4.5 with four; from about ten characters on the curve stays near 4: at this size
-# and training length the model mostly uses the current word and the one before.
+# 11.6 against 9.8: the bigram's counts are exact where the network has to learn them).
+# Each further character helps at first: perplexity 6.9 with two characters of context and
+# 3.9 with four; from there on the curve stays between about 3.2 and 4.3: at this size and
+# training length the model mostly uses the current word and the one before.
 #
 # ## 5. Generation with per-character uncertainty
 #
@@ -341,23 +341,26 @@ steps_table = steps_table.drop_duplicates(["decoder", "before", "next"])
 steps_table.groupby("decoder", sort=False).head(4).round(4)
 
 # %% [markdown]
-# In a full run greedy decoding falls into a loop ("string the same in the same in ..."),
-# the known failure of always taking the most probable next token. Nucleus sampling and the
-# Thompson draw produce text with the look of the documentation (quoted names, indented
-# lines, "Syntax:" headings, a version number "3.2:") made of real and invented words
-# ("depreseds", "meaismicular", "priviousing").
+# In a full run greedy decoding falls into a loop ("of the subscription of the subscription
+# ..."), the known failure of always taking the most probable next token. Nucleus sampling
+# starts with an invented word ("litementations") and then falls into a line of asterisks,
+# the underline of a section heading in the documentation, where every next character is
+# certain. The Thompson draw produces text with the look of the documentation (an indented
+# comment, a quoted name, a parenthesis) made of real and invented words ("Shortanges",
+# "metaclass_getitement").
 #
-# The epistemic part is small next to the aleatoric one (0.036 to 0.063 nats per character
-# on average, against 1.4 to 1.5 in all) but it is not spread evenly. It is highest inside
-# invented words, where the sampled text has left what the training text showed ("localed
-# with cal|l", "priviousi|n", "meaism|i", "meaismicul|a"), at the quote closing a made-up
-# name (`"eseque"`), and at the digit after "3." in a version-number-like line (0.22 nats,
-# with an aleatoric part of 2.5: which digit follows is uncertain for every draw, and the
-# draws also disagree). Section 6 measures where it is lowest over the whole test split:
-# after spaces. The sampling decoders average more epistemic uncertainty than greedy (0.058
-# and 0.063 against 0.036 nats): sampling leads the model into contexts further from its
-# training text. In the greedy loop the highest value (0.13 nats) comes at the same place in
-# every repetition, the "e" completing "sam".
+# The epistemic part is small next to the aleatoric one (0.012 to 0.046 nats per character
+# on average, against 0.4 to 1.25 in all) but it is not spread evenly. It is highest inside
+# invented words and names, where the text has left what the training text showed
+# ("Shortan|g", "Shortang|e", "a ne|w", "litem|e"), and at the quote closing a made-up
+# quoted name (`“Cause'`: 0.38 nats, with an aleatoric part of 2.25: which character follows
+# is uncertain for every draw, and the draws also disagree). Section 6 measures where it is
+# lowest over the whole test split: after spaces. The Thompson draw averages the most
+# epistemic uncertainty (0.046 nats against 0.037 for greedy): one draw's text leads the
+# model into contexts further from its training text. Nucleus sampling averages the least
+# (0.012) because its run of asterisks is certain for every draw. In the greedy loop the
+# highest value (0.25 nats) comes at the same place in every repetition, the "t" completing
+# "subscrip".
 #
 # ## 6. Where the posterior draws disagree
 #
@@ -398,13 +401,14 @@ print(f"rank correlation of epistemic and aleatoric over test characters: {rank:
 by_kind.sort_values("share", ascending=False).round(4)
 
 # %% [markdown]
-# In a full run the two parts go together (rank correlation 0.62 over all test characters),
+# In a full run the two parts go together (rank correlation 0.65 over all test characters),
 # but not in proportion. After a space the next character is very uncertain (a new word
-# starts: aleatoric 1.89 nats) and the draws agree about that uncertainty (epistemic 1.6%
+# starts: aleatoric 1.60 nats) and the draws agree about that uncertainty (epistemic 1.3%
 # of the total, the lowest share). After a letter the next character is more predictable
-# (aleatoric 1.16) and the draws disagree more (4.6%, the highest share): how a word goes on
-# is what the posterior is least sure it has learnt. After a digit both parts are highest
-# (epistemic 0.096 nats): digits are rare in this text (325 of the 45,760 test positions).
+# (aleatoric 1.01) and the draws disagree more (4.3%): how a word goes on is what the
+# posterior is least sure it has learnt. After a digit both parts are highest (aleatoric
+# 2.08, epistemic 0.096 nats, 4.4%): digits are rare in this text (325 of the 45,760 test
+# positions).
 #
 # A second test: the same test windows, once as they are and once with the characters of
 # each window shuffled, same characters, no words. The per-character entropy parts of both,
@@ -425,11 +429,12 @@ print(repr(decode_text(shuffled[0], vocab)))
 pd.DataFrame(contrast).T.round(4)
 
 # %% [markdown]
-# In a full run the total entropy rises from 1.54 to 1.87 nats per character on shuffled
-# text, but almost all of the rise is aleatoric: the epistemic part grows by 30% (0.051 to
-# 0.066 nats), its share hardly at all (3.3% to 3.5%). The draws agree that shuffled text is
-# hard to predict and spread every next-character distribution wider, rather than
-# disagreeing with each other. Part of this is the input: a shuffled window is made of
+# In a full run the total entropy rises from 1.38 to 1.75 nats per character on shuffled
+# text. Most of the rise is aleatoric (1.33 to 1.68 nats): the draws agree that shuffled
+# text is hard to predict and spread every next-character distribution wider. The
+# epistemic part rises too, by 80% (0.042 to 0.076 nats), and its share from 3.1% to 4.3%:
+# the draws also disagree more on text unlike their training text, but the signal is small
+# next to the aleatoric one. Part of this is the input: a shuffled window is made of
 # characters each seen many times in training. Part is the mean-field guide, whose draws
 # stay close together (notebook 04 found the same on digits): epistemic uncertainty is a
 # useful ranking within one posterior, not a calibrated alarm.
@@ -474,33 +479,33 @@ pd.DataFrame(
 ).round(3)
 
 # %% [markdown]
-# In a full run the first layer's heads look at the last one or two characters (mean
-# distances 0.9 to 1.7; head 0 reaches further, 4.3) and the posterior is sure of them (sd
-# summed over a query's keys about 0.07). The second layer's heads look further back (3.3 to
-# 6.2 characters), in vertical stripes: many queries attending to the same key. Two of them
-# attend most to the quotes around a name (head 1 to the opening `"` before
-# `collections.d`, at key 50; head 3 to the `"` closing `"__missing__"`, at key 24): where a
-# quoted name started is what tells the model a closing quote may follow. Their weights are
-# also the least certain (sd sum 0.26 to 0.35 per query, two to five times the first
-# layer's): the posterior pins down the local heads better than the long-range ones.
+# In a full run every head but one looks at the last one or two characters (mean distances
+# 0.2 to 1.7): with the latent ALiBi slopes the posterior made most heads local, and the
+# convolution before attention already mixes the last five characters. Two first-layer
+# heads are nearly deterministic (0.2 and 0.5 characters back, sd summed over a query's keys
+# 0.04 to 0.06); the others are less certain (0.18 to 0.30). The exception, head 2 of the
+# second layer, looks 6.3 characters back on average and attends most to the `"` closing
+# `"__missing__"` (key 24): where a quoted name ended is context the local heads cannot see.
 #
 # ## What to conclude
 #
-# In a full run (seed 0, 2,000 SVI steps of 64 windows, about 3.5 minutes of fitting):
+# In a full run (seed 0, 2,000 SVI steps of 64 windows, about 8 minutes of fitting on a busy
+# 2-core machine):
 #
-# - **A small Bayesian Transformer beats the n-gram baseline clearly**: test perplexity 4.20
+# - **A small Bayesian Transformer beats the n-gram baseline clearly**: test perplexity 3.85
 #   against 10.28 for an add-k bigram, with nearly all the gain from the first few
 #   characters of context.
 # - **The entropy of every generated character splits into aleatoric and epistemic parts.**
 #   The aleatoric part says how open the next character is (high at word starts); the
 #   epistemic part, small here, says how much the posterior draws disagree about it (high
-#   inside words, in invented words and after digits; lowest after spaces).
+#   inside words, in invented words and names and after digits; lowest after spaces).
 # - **Decoding matters more than the posterior for the text.** Greedy decoding loops; nucleus
-#   sampling and Thompson sampling of one posterior draw both give varied, document-like
-#   text. Thompson sampling adds the model's own uncertainty to the sampling: each run
+#   sampling found a run of asterisks; Thompson sampling of one posterior draw gave varied,
+#   document-like text. Thompson sampling adds the model's own uncertainty to the sampling: each run
 #   commits to one plausible set of weights.
 # - **Read epistemic values as a ranking.** On shuffled text the mean-field posterior raised
-#   its aleatoric part, not its epistemic share; a richer posterior (or an ensemble) would be
-#   needed for epistemic uncertainty to flag unfamiliar text by its size.
-# - **Posterior attention shows local heads in the first layer and longer-range,
-#   less certain heads in the second**, some tracking quotes.
+#   mostly its aleatoric part; its epistemic share grew only from 3.1% to 4.3%. A richer
+#   posterior (or an ensemble) would be needed for epistemic uncertainty to flag unfamiliar
+#   text by its size.
+# - **Posterior attention shows mostly local heads** (the learnt ALiBi slopes), with one
+#   longer-range head in the second layer tracking a quote.

@@ -86,7 +86,7 @@ from scipy import stats
 from benchmarks import _suite
 from benchmarks._lstm import LSTMLM, LSTMClassifier, LSTMTagger
 from benchmarks._suite import Context, fmt, mean_spread
-from benchmarks.studies.task_families import _classification, _tagging_scores
+from benchmarks.studies.task_families import _classification, _lm_scores, _tagging_scores
 from probtransformer import datasets, metrics, priors
 from probtransformer.datasets import SequenceData
 from probtransformer.inference import NonFiniteELBOError, fit_svi
@@ -127,9 +127,11 @@ VARIANTS = {
     "decay0.1": {},
     "lstm": None,
 }
-#: ``fit_svi`` overrides per variant: the old text rows' fit; the recipe with the tenfold
-#: learning-rate decay it had before its constant rate (text_recipe's round 3).
-VARIANT_FIT = {"before": {"lr": LR, "lr_decay": 0.1}, "decay0.1": {"lr_decay": 0.1}}
+#: ``fit_svi`` overrides of the task's lr and decay per variant: the LSTM and the old text rows
+#: keep ``LR`` decaying tenfold; ``decay0.1`` is the recipe with the tenfold decay it had before
+#: its constant rate (text_recipe's round 3).
+OLD_FIT = {"lr": LR, "lr_decay": 0.1}
+VARIANT_FIT = {"lstm": OLD_FIT, "before": OLD_FIT, "decay0.1": {"lr_decay": 0.1}}
 #: Variants run on some tasks only: attention ablated, to show what attention adds to the text
 #: recipe's convolutions and feed-forward layers; the text models before the recipe.
 VARIANT_TASKS = {v: ("wordseg", "lm") for v in ("noattn", "before", "decay0.1")}
@@ -356,22 +358,6 @@ def evaluate(name: str, post, test: SequenceData, draws: int, seed: int) -> dict
     return _tagging_scores(*metrics.token_level(pred.mean, test.y, test.mask))
 
 
-def _lm_scores(post, test: SequenceData, draws: int, seed: int, rows: int = 16) -> dict:
-    """Perplexity, NLL (nats per character) and ECE (15 equal-width bins, top-label) of the
-    posterior predictive mean of the next character, in batches of ``rows`` sequences."""
-    means = [
-        post.predict(part.x, num_samples=draws, seed=seed, batch_size=rows).mean
-        for part in (test[start : start + rows] for start in range(0, len(test), rows))
-    ]
-    probs, y = metrics.token_level(torch.cat(means).double(), test.y)
-    nll = metrics.nll(probs, y)
-    return {
-        "perplexity": math.exp(nll),
-        "nll": nll,
-        "ece": metrics.ece(probs, y, n_bins=15, strategy="uniform"),
-    }
-
-
 def loss_trace(elbo: list[float], num_data: int) -> tuple[list[float], list[int]]:
     """Per-observation negative ELBO averaged over ``TRACE_POINTS`` equal blocks of steps, and
     the step count at the end of each block."""
@@ -416,15 +402,10 @@ def run_row(key: str, ctx: Context) -> dict:
         )
         model = lstm(name, meta, hidden_size)
     else:
-        model = transformer(
-            name, meta, **(BEFORE_RECIPE if variant == "before" else VARIANTS[variant])
-        )
+        model = transformer(name, meta, **VARIANTS[variant])
     fit_seed = ctx.seed + seed
-    lr, lr_decay = (LR, 0.1) if variant == "lstm" else (task.lr, task.lr_decay)
-    svi = dict(
-        batch_size=task.batch_size, lr=lr, lr_decay=lr_decay, device=ctx.device, seed=fit_seed
-    )
-    svi.update(VARIANT_FIT.get(variant, {}))
+    svi = dict(batch_size=task.batch_size, lr=task.lr, lr_decay=task.lr_decay, device=ctx.device)
+    svi |= dict(seed=fit_seed, **VARIANT_FIT.get(variant, {}))
     step_seconds, setup_seconds, num_steps = None, None, task.num_steps
     if task.num_steps > PILOT_STEPS:
         step_seconds, setup_seconds = pilot(model, train, **svi)

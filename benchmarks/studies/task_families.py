@@ -601,16 +601,20 @@ def _budgeted_steps(step_seconds: float, max_steps: int, budget_s: float) -> int
 # ---------------------------------------------------------------------------------------------
 
 
-def _lm_perplexity(post, data: SequenceData, draws: int, seed: int, rows: int = 16) -> float:
-    """Perplexity of the posterior predictive mean, in row batches (probs are (S, n, T, V))."""
-    total, count = 0.0, 0
-    for start in range(0, len(data), rows):
-        part = data[start : start + rows]
-        mean = post.predict(part.x, num_samples=draws, seed=seed, batch_size=rows).mean
-        p_true = mean.gather(-1, part.y[..., None])[..., 0].double()  # (n, T)
-        total -= p_true.clamp_min(metrics.NLL_CLIP).log().sum().item()
-        count += p_true.numel()
-    return math.exp(total / count)
+def _lm_scores(post, data: SequenceData, draws: int, seed: int, rows: int = 16) -> dict:
+    """Perplexity, NLL (nats per character) and ECE (15 equal-width bins, top-label) of the
+    posterior predictive mean of the next character, in batches of ``rows`` sequences."""
+    means = [
+        post.predict(part.x, num_samples=draws, seed=seed, batch_size=rows).mean
+        for part in (data[start : start + rows] for start in range(0, len(data), rows))
+    ]
+    probs, y = metrics.token_level(torch.cat(means).double(), data.y)
+    nll = metrics.nll(probs, y)
+    return {
+        "perplexity": math.exp(nll),
+        "nll": nll,
+        "ece": metrics.ece(probs, y, n_bins=15, strategy="uniform"),
+    }
 
 
 def run_lm(method: str, cfg: Settings, seed: int) -> dict:
@@ -636,8 +640,8 @@ def run_lm(method: str, cfg: Settings, seed: int) -> dict:
     svi = dict(num_steps=num_steps, batch_size=64, lr=chosen["lr"], seed=seed)
     post, seconds, elbo = _fit(model(chosen), train, **svi)
     start = time.perf_counter()
-    row["perplexity"] = _lm_perplexity(post, test, cfg.draws, seed)
-    row["val_perplexity"] = _lm_perplexity(post, val, cfg.draws, seed)
+    row["perplexity"] = _lm_scores(post, test, cfg.draws, seed)["perplexity"]
+    row["val_perplexity"] = _lm_scores(post, val, cfg.draws, seed)["perplexity"]
     row["eval_seconds"] = time.perf_counter() - start
     samples = []
     for prompt in cfg.prompts:

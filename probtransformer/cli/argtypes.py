@@ -31,29 +31,23 @@ positive_int = int_in(1)
 non_negative_int = int_in(0)
 
 
-def float_in(minimum: float, maximum: float) -> Callable[[str], float]:
-    """argparse type: a finite number in ``[minimum, maximum]``."""
+def float_in(minimum: float, maximum: float, *, above: bool = False) -> Callable[[str], float]:
+    """argparse type: a finite number in ``[minimum, maximum]`` (``above``: in
+    ``(minimum, maximum]``)."""
+    interval = f"{'(' if above else '['}{minimum:g}, {maximum:g}]"
 
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             value = math.nan
-        if not (math.isfinite(value) and minimum <= value <= maximum):
-            raise argparse.ArgumentTypeError(
-                f"expected a number in [{minimum:g}, {maximum:g}], got {text!r}"
-            )
+        low_ok = value > minimum if above else value >= minimum
+        if not (math.isfinite(value) and low_ok and value <= maximum):
+            raise argparse.ArgumentTypeError(f"expected a number in {interval}, got {text!r}")
         return value
 
     return parse
 
 
-def fraction(text: str) -> float:
-    """argparse type: a number in (0, 1]."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and 0 < value <= 1):
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
-    return value
+#: argparse type: a number in (0, 1], such as a learning-rate decay.
+fraction = float_in(0, 1, above=True)

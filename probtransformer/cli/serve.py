@@ -185,12 +185,15 @@ def _serve(args: argparse.Namespace, listening: socket.socket, api_key: str | No
         timeout_graceful_shutdown=DRAIN_SECONDS,
     )
     server = uvicorn.Server(config)
+    interrupted = False
     try:
         server.run(sockets=[listening])
     except KeyboardInterrupt:
-        if server.force_exit:  # a second Ctrl-C
-            raise KeyboardInterrupt("stopped at once; requests in flight were dropped") from None
-        raise KeyboardInterrupt("stopped; the requests in flight were answered") from None
+        interrupted = True
+    if server.force_exit:  # a second Ctrl-C, after which uvicorn may return instead of raising
+        raise KeyboardInterrupt("stopped at once; requests in flight were dropped")
+    if interrupted:
+        raise KeyboardInterrupt("stopped; the requests in flight were answered")
 
 
 def _loopback(host: str) -> bool:

@@ -516,6 +516,5 @@ def test_a_second_ctrl_c_answers_the_requests_it_cuts_off_with_503(digits_run, d
         answer = pending.result()
     assert answer.status_code == 503, answer.text
     assert answer.headers["retry-after"] == "1" and "send the request again" in answer.text
-    # stopped, not drained: the closing line depends on where the second signal lands in
-    # uvicorn's and asyncio's shutdown (it may end the process by the signal itself)
-    assert server.process.returncode != 0 and "503 Service Unavailable" in output
+    assert server.process.returncode == 130  # uvicorn may return rather than raise: still 130
+    assert "stopped at once; requests in flight were dropped" in output

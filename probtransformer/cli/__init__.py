@@ -101,7 +101,7 @@ also when MCMC sampling was interrupted after its first kept draw and the run wa
 the draws so far (marked partial). A Ctrl-C after the fit, while the run is evaluated or
 written, writes no run directory but keeps the fitted posterior in ``OUT.posterior`` (or the
 first free ``OUT.posterior-2``, ...; ``inference.load_posterior`` loads it), as the error line
-says; an error there keeps it the same way before it is reported.
+says.
 """
 
 from probtransformer.cli._common import CLIError

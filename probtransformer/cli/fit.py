@@ -48,8 +48,7 @@ def run(args: argparse.Namespace) -> int:
         KeyboardInterrupt: Ctrl-C after the fit, while the run is evaluated or written: nothing
             is written to the run directory, and the fitted posterior is saved next to it
             (``OUT.posterior``, or ``OUT.posterior-2`` ... when that exists; loaded by
-            ``inference.load_posterior``) so the fit is not lost. An error there is raised as
-            usual, after the posterior is kept the same way.
+            ``inference.load_posterior``) so the fit is not lost.
     """
     from probtransformer.tasks import TASKS, task_for_dataset
 
@@ -164,10 +163,7 @@ def _run(args: argparse.Namespace, task, guide: str | None, target: Path, parall
                 record["class_names"] = meta["class_names"]
             write_run(target, post, splits, record, draws, task, evaluation)
         except KeyboardInterrupt:
-            raise KeyboardInterrupt(_kept_fit(post, target, "interrupted")) from None
-        except Exception:  # the error is reported as usual; the fit is not lost with it
-            print(f"{PROG}: {_kept_fit(post, target, 'failed')}", file=sys.stderr, flush=True)
-            raise
+            raise KeyboardInterrupt(_kept_fit(post, target)) from None
     _print_metrics(target, record, task, evaluation.lines)
     return 130 if partial else 0
 
@@ -188,18 +184,18 @@ def _kept_path(target: Path) -> Path:
     return kept
 
 
-def _kept_fit(post, target: Path, what: str) -> str:
-    """Save ``post`` to ``_kept_path(target)`` when the evaluation was interrupted or failed
-    (``what``); the message saying where it is (or why it could not be kept)."""
+def _kept_fit(post, target: Path) -> str:
+    """Save ``post`` to ``_kept_path(target)`` after a Ctrl-C during the evaluation; the message
+    saying where it is (or why it could not be kept)."""
     kept = _kept_path(target)
     try:
         post.save(kept)
     except (OSError, ValueError) as e:
-        return f"{what} after the fit; nothing was written, and the fit was lost: {e}"
+        return f"interrupted after the fit; nothing was written, and the fit was lost: {e}"
     except KeyboardInterrupt:
-        return f"{what} after the fit, and interrupted while keeping it; nothing was written"
+        return "interrupted after the fit, and again while keeping it; nothing was written"
     return (
-        f"{what} after the fit; nothing was written to {target}, and the fitted posterior "
+        f"interrupted after the fit; nothing was written to {target}, and the fitted posterior "
         f"is kept in {kept} (probtransformer.inference.load_posterior loads it)"
     )
 

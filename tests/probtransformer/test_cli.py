@@ -982,22 +982,6 @@ def test_a_run_written_before_diagnostics_json_still_reads(tmp_path, capsys):
     assert sections[:3] == ["metrics", "reliability", "risk-coverage"]
 
 
-def test_an_error_while_the_fit_is_evaluated_keeps_the_fit(tmp_path, monkeypatch, capsys):
-    from probtransformer.tasks import classification
-
-    def failing(*args, **kwargs):
-        raise ValueError("the evaluation failed here")
-
-    monkeypatch.setattr(classification.ClassificationTask, "evaluate", failing)
-    out = tmp_path / "run"
-    assert main(["fit", "--out", str(out), *TINY, "--num-train", "64"]) == 2
-    err = " ".join(capsys.readouterr().err.split())
-    kept = tmp_path / "run.posterior"
-    assert f"failed after the fit; nothing was written to {out}, and the fitted" in err
-    assert "error: the evaluation failed here" in err and not out.exists()
-    assert load_posterior(kept).record["steps_done"] == 30
-
-
 def test_files_next_to_the_run_directory_are_named_after_it_for_out_dot(tmp_path, monkeypatch):
     from probtransformer.cli import fit as fit_command
 

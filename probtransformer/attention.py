@@ -15,7 +15,13 @@ from pyro.nn import PyroModule, PyroSample
 from torch import nn
 
 from probtransformer import kv_cache, priors
-from probtransformer.layers import Dropout, align_draws, batched_linear, flatten_draws
+from probtransformer.layers import (
+    Dropout,
+    align_draws,
+    batched_affine,
+    batched_linear,
+    flatten_draws,
+)
 from probtransformer.positional import rotary_angles, rotate
 
 _DATA_PLATE: contextvars.ContextVar = contextvars.ContextVar("data_plate", default=None)
@@ -72,8 +78,12 @@ def masked_softmax(logits: torch.Tensor, allowed: torch.Tensor | None) -> torch.
     # exp / sum written out: torch's CPU softmax kernel is slow on short rows (5x slower
     # forward and 2x slower forward + backward over (64, 100, 2, 9, 9) logits, one thread);
     # the max is subtracted as in torch's kernel, so no entry overflows
-    e = (logits - logits.detach().amax(-1, keepdim=True)).exp()
-    weights = e / e.sum(-1, keepdim=True)
+    e = logits - logits.detach().amax(-1, keepdim=True)
+    if torch.is_grad_enabled():
+        e = e.exp()
+        weights = e / e.sum(-1, keepdim=True)
+    else:  # predictions and decoding: in place, no new (..., Tq, Tk) tensors
+        weights = e.exp_().div_(e.sum(-1, keepdim=True))
     return weights if allowed is None else weights * allowed
 
 
@@ -301,18 +311,12 @@ class BayesMultiheadAttention(PyroModule):
         else:
             qkv, out = proj[:, :3], proj[:, 3]
         di = nh * hs
-        weight, bias = qkv[..., :d], qkv[..., d]  # (s, 3, d', d), (s, 3, d')
         s = proj.shape[0]
         if key_value is None:
-            q, k, v = batched_linear(
-                query, weight.reshape(s, 3 * di, d), bias.reshape(s, 3 * di)
-            ).split(di, dim=-1)  # each (s', N, T, d')
+            q, k, v = batched_affine(query, qkv.reshape(s, 3 * di, d + 1)).split(di, dim=-1)
         else:
-            q = batched_linear(query, weight[:, 0], bias[:, 0])
-            kv = batched_linear(
-                key_value, weight[:, 1:].reshape(s, 2 * di, d), bias[:, 1:].reshape(s, 2 * di)
-            )
-            k, v = kv.split(di, dim=-1)
+            q = batched_affine(query, qkv[:, 0])
+            k, v = batched_affine(key_value, qkv[:, 1:].reshape(s, 2 * di, d + 1)).split(di, -1)
         S, N, Tq, _ = q.shape
         Tk = k.shape[-2]
         q = q.view(S, N, Tq, nh, hs).transpose(2, 3)  # (S, N, H', Tq, hs)
@@ -380,8 +384,12 @@ class BayesMultiheadAttention(PyroModule):
                 flatten_draws(self.head_global_scale, 0), flatten_draws(self.head_local_scale, 1)
             )[:, heads]  # (s, H')
             ctx = ctx * gate.view(gate.shape[0], 1, nh, 1, 1)
-        ctx = ctx.transpose(2, 3).reshape(ctx.shape[0], N, Tq, di)  # (S, N, Tq, d')
-        return batched_linear(ctx, out[..., :di], out[..., di])
+        # (S, N, Tq, d' + 1): the heads side by side and a column of ones for the output bias,
+        # written in one copy (batched_affine would copy once more to append the ones)
+        ctx_one = ctx.new_empty(ctx.shape[0], N, Tq, di + 1)
+        ctx_one[..., :di].view(ctx.shape[0], N, Tq, nh, hs).copy_(ctx.transpose(2, 3))
+        ctx_one[..., di] = 1.0
+        return batched_linear(ctx_one, out)
 
     def _stochastic_logits(
         self,

@@ -134,7 +134,7 @@ UNPARSED_BODY = "There was an error parsing the body"
 DISCONNECT_POLL_SECONDS = 0.1
 
 
-def _json_body(request: Request) -> None:
+async def _json_body(request: Request) -> None:  # async: no thread-pool hop per request
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind != "application/json":
         raise HTTPException(
@@ -180,7 +180,7 @@ def create_app(service: Service, limits: Limits | None = None, *, api_key: str |
     )
     app.add_middleware(BodyLimit, limit=limits.max_body_bytes)
 
-    def authorized(credentials: BearerCredentials) -> None:
+    async def authorized(credentials: BearerCredentials) -> None:
         if api_key is None:
             return
         given = b"" if credentials is None else credentials.credentials.encode()

@@ -58,8 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float_in(0, MAX_WAIT_MS),
         default=DEFAULT_MAX_WAIT_MS,
         metavar="M",
-        help="milliseconds a request waits for others to join its pass, at most "
-        f"{MAX_WAIT_MS:g} (default: %(default)s)",
+        help="milliseconds a request waits for others to join its pass (a lone request does "
+        f"not wait), at most {MAX_WAIT_MS:g} (default: %(default)s)",
     )
     parser.add_argument(
         "--max-request-rows",

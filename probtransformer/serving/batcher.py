@@ -1,10 +1,12 @@
 """An asyncio micro-batcher: concurrent requests with equal keys run as one call on one worker.
 
 Every request is a ``(key, payload, rows)``. The batcher takes the oldest waiting request, waits
-at most ``max_wait`` seconds from its arrival for more requests with the same key (or until their
-rows reach ``max_rows``), and runs them together as ``run_batch(payloads)`` on the worker
-thread. Requests with other keys wait for their own batch, oldest first. While a batch runs, new
-requests queue up, so a busy server batches more without waiting longer. All model work of the
+at most ``max_wait`` seconds from its arrival (or from when the worker became free) for more
+requests with the same key (or until their rows reach ``max_rows``), and runs them together as
+``run_batch(payloads)`` on the worker thread. Requests with other keys wait for their own batch,
+oldest first. While a batch runs, new requests queue up, so a busy server batches more without
+waiting longer. A lone request (the last batch held one request and no other arrived within
+``max_wait`` before it) runs at once, so a single client pays no wait. All model work of the
 server runs on that one worker thread, in order (``Pyro``'s global state is not thread-safe);
 ``run_on_worker`` queues other work (a text generation) on it.
 
@@ -30,6 +32,7 @@ class _Request:
     rows: int
     arrived: float
     future: asyncio.Future
+    gap: float  # seconds since the request before it arrived (any key)
 
 
 class MicroBatcher:
@@ -61,6 +64,8 @@ class MicroBatcher:
         self._pending: collections.deque[_Request] = collections.deque()
         self._arrived = asyncio.Event()
         self._loop_task: asyncio.Task | None = None
+        self._last_arrival = -float("inf")
+        self._last_batch_requests = 1
 
     def start(self) -> None:
         """Start batching (call from the running event loop)."""
@@ -78,7 +83,9 @@ class MicroBatcher:
         """Queue a request and wait for its result (its exception is raised here). A request
         cancelled while it waits (its client left) is dropped."""
         loop = asyncio.get_running_loop()
-        request = _Request(key, payload, rows, loop.time(), loop.create_future())
+        now = loop.time()
+        request = _Request(key, payload, rows, now, loop.create_future(), now - self._last_arrival)
+        self._last_arrival = now
         self._pending.append(request)
         self._arrived.set()
         try:
@@ -102,8 +109,15 @@ class MicroBatcher:
                 await self._arrived.wait()
                 continue
             first = self._pending[0]
-            # the window opens when the request is there and the worker is free
-            deadline = max(first.arrived, free_since) + self.max_wait
+            # the window opens when the request is there and the worker is free; a lone request
+            # (the last batch was one request, none other came within a window before it, none
+            # waits beside it) runs at once: a single client pays no wait
+            lone = (
+                self._last_batch_requests == 1
+                and first.gap >= self.max_wait
+                and len(self._pending) == 1
+            )
+            deadline = first.arrived if lone else max(first.arrived, free_since) + self.max_wait
             while self._rows_waiting(first.key) < self.max_rows and not first.future.done():
                 remaining = deadline - loop.time()
                 if remaining <= 0:
@@ -117,6 +131,7 @@ class MicroBatcher:
                 continue  # its client left while it waited: choose again
             batch = self._take(first.key)
             if batch:
+                self._last_batch_requests = len(batch)
                 outcomes = await loop.run_in_executor(self._worker, self._run, batch)
                 free_since = loop.time()
                 for request, (ok, value) in zip(batch, outcomes, strict=True):

@@ -7,7 +7,7 @@ import dataclasses
 
 #: Defaults of ``probtransformer serve`` (measured in benchmarks/BENCHMARKS.md, "Serving").
 DEFAULT_MAX_BATCH_ROWS = 64  # a 64-row digits pass at S=100 takes about 0.3 s on 2 cores
-DEFAULT_MAX_WAIT_MS = 5.0  # a lone request waits at most this long for others
+DEFAULT_MAX_WAIT_MS = 5.0  # a request close behind another waits at most this long for more
 #: The longest batching window: a stopping server answers requests in their window.
 MAX_WAIT_MS = 1000.0
 DEFAULT_MAX_REQUEST_ROWS = 1024
@@ -26,7 +26,8 @@ class Limits:
 
     Attributes:
         max_batch_rows: rows of the merged requests of one pass (1: no batching).
-        max_wait_ms: milliseconds a request waits for others to join its pass.
+        max_wait_ms: milliseconds a request waits for others to join its pass (a lone request,
+            with no other within this time before it, does not wait).
         max_request_rows: rows one request may hold (413 beyond).
         max_body_bytes: bytes a request body may hold (413 beyond).
         max_response_bytes: bytes of JSON an answer may hold, estimated before computing it

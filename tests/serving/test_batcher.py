@@ -76,9 +76,31 @@ def test_a_request_whose_client_left_does_not_hold_its_window_open():
     async def scenario():
         batcher = MicroBatcher(lambda ps: ps, max_rows=8, max_wait=30.0)
         batcher.start()
-        left = asyncio.ensure_future(batcher.submit("k", 1, 1))
+        await asyncio.wait_for(batcher.submit("j", 0, 1), timeout=5)  # lone: runs at once
+        left = asyncio.ensure_future(batcher.submit("k", 1, 1))  # close behind: a window
         await asyncio.sleep(0.05)
         left.cancel()
         await asyncio.wait_for(batcher.stop(), timeout=5)
 
     _run(scenario)
+
+
+def test_a_lone_request_runs_at_once_and_a_close_follower_waits_for_company():
+    """No wait for a single client; a request close behind another opens the window (here
+    30 s, ended by the second request filling ``max_rows``)."""
+    calls = []
+
+    async def scenario():
+        batcher = MicroBatcher(lambda ps: calls.append(list(ps)) or ps, max_rows=2, max_wait=30.0)
+        batcher.start()
+        assert await asyncio.wait_for(batcher.submit("k", 1, 1), timeout=5) == 1
+        second = asyncio.ensure_future(batcher.submit("k", 2, 1))
+        await asyncio.sleep(0.05)
+        assert calls == [[1]]  # the second waits in its window
+        third = asyncio.ensure_future(batcher.submit("k", 3, 1))
+        results = await asyncio.wait_for(asyncio.gather(second, third), timeout=5)
+        await batcher.stop()
+        return results
+
+    assert _run(scenario) == [2, 3]
+    assert calls == [[1], [2, 3]]

@@ -507,9 +507,11 @@ def test_a_second_ctrl_c_answers_the_requests_it_cuts_off_with_503(digits_run, d
     """A forced stop drops what is in flight, with a 503 the client can retry, not a 500."""
     server = Server(digits_run, "--max-wait-ms", "1000")
     body = {"sequences": digits.test.x[:2].tolist(), "num_samples": 3}
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        pool.submit(_post, server, body, headers={})  # a lone request: runs at once
+        time.sleep(0.05)
         pending = pool.submit(_post, server, body, headers={})
-        time.sleep(0.4)  # in its 1-second batching window
+        time.sleep(0.4)  # the second is in its 1-second batching window
         server.process.send_signal(signal.SIGINT)
         time.sleep(0.1)
         output = server.stop(signal.SIGINT)

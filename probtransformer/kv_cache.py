@@ -33,7 +33,7 @@ class KVCache:
 
     def __init__(self) -> None:
         self.offset = 0
-        self._store: dict[int, tuple[torch.Tensor, ...]] = {}
+        self._store: dict[int, tuple[tuple[torch.Tensor, ...], int]] = {}  # buffers, steps
 
     def reset(self) -> None:
         """Forget every step (the next pass starts at position 0)."""
@@ -45,24 +45,40 @@ class KVCache:
         self.offset += steps
 
     def _extended(self, module, new: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-        """The module's cached tensors joined with ``new`` along the step dim (-2), stored."""
-        old = self._store.get(id(module))
-        if old is None:
+        """The module's cached tensors joined with ``new`` along the step dim (-2), stored.
+
+        Each tensor lives in a buffer with room to grow (its capacity doubles when full), and
+        the steps so far are a view of it: a step copies only the new steps, where joining
+        with ``torch.cat`` would copy the whole cache every step."""
+        entry = self._store.get(id(module))
+        steps = new[0].shape[-2]
+        if entry is None:
             if self.offset:
                 raise RuntimeError(
                     f"{type(module).__name__} has no cached steps, but the cache holds "
                     f"{self.offset}: every pass inside decoding() must run the same modules"
                 )
-            joined = new
+            buffers, length = (), 0
         else:
-            if old[0].shape[-2] != self.offset:
+            buffers, length = entry
+            if length != self.offset:
                 raise RuntimeError(
                     f"{type(module).__name__} ran twice in one pass, or the cache was not "
-                    f"advanced: it holds {old[0].shape[-2]} steps, the offset says {self.offset}"
+                    f"advanced: it holds {length} steps, the offset says {self.offset}"
                 )
-            joined = tuple(torch.cat([o, n], dim=-2) for o, n in zip(old, new, strict=True))
-        self._store[id(module)] = joined
-        return joined
+        if not buffers or length + steps > buffers[0].shape[-2]:
+            capacity = max(2 * (length + steps), 16)
+            grown = []
+            for i, n in enumerate(new):
+                buffer = n.new_empty(*n.shape[:-2], capacity, n.shape[-1])
+                if length:
+                    buffer[..., :length, :] = buffers[i][..., :length, :]
+                grown.append(buffer)
+            buffers = tuple(grown)
+        for buffer, n in zip(buffers, new, strict=True):
+            buffer[..., length : length + steps, :] = n
+        self._store[id(module)] = (buffers, length + steps)
+        return tuple(buffer[..., : length + steps, :] for buffer in buffers)
 
     def keys_values(self, module, k: torch.Tensor, v: torch.Tensor):
         """``(k, v)`` of every step so far, ``(s, N, H, offset + Tq, d_head)``, given the new

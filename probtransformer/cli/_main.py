@@ -17,9 +17,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv: arguments without the program name (default: ``sys.argv[1:]``).
 
     Returns:
-        Exit status: 0 on success, 2 on bad arguments or files (one line on stderr), 1 when the
-        fit diverges or, under ``torchrun``, a peer rank is lost, 130 when interrupted (Ctrl-C):
-        with nothing written, or after writing a run of the draws MCMC had kept (``partial``).
+        Exit status: 0 on success, 2 on bad arguments or files, or sizes that do not fit in
+        memory (one line on stderr), 1 when the fit diverges or, under ``torchrun``, a peer
+        rank is lost, 130 when interrupted (Ctrl-C): with nothing written, or after writing a
+        run of the draws MCMC had kept (``partial``).
         Under ``torchrun`` the line names the rank that prints it.
     """
     try:
@@ -32,9 +33,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(e, 2)
     except FloatingPointError as e:  # NonFiniteELBOError: the fit diverged
         return _fail(e, 1)
-    except RuntimeError as e:  # under torchrun: a peer rank was lost
+    except MemoryError as e:
+        return _fail(MemoryError(f"out of memory: {e}"), 2)
+    except RuntimeError as e:  # torch's allocation failures; under torchrun: a rank was lost
         from probtransformer.inference.distributed import RankLostError
 
+        if _out_of_memory(e):  # sizes too large for this machine: --d-model, --num-samples
+            return _fail(RuntimeError(f"out of memory: {e}"), 2)
         if not isinstance(e, RankLostError):
             raise
         return _fail(e, 1)
@@ -42,6 +47,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = str(e).replace("(resume_from=...)", "(continue with --resume-from it)")
         return _fail(KeyboardInterrupt(message or "interrupted; nothing was written"), 130)
     return status or 0
+
+
+def _out_of_memory(error: RuntimeError) -> bool:
+    """Whether ``error`` is torch failing to allocate memory (CPU or GPU)."""
+    import torch
+
+    return isinstance(error, torch.OutOfMemoryError) or "can't allocate memory" in str(error)
 
 
 def _fail(error: Exception, status: int) -> int:

@@ -136,11 +136,20 @@ def _run(args: argparse.Namespace, task, guide: str | None, target: Path, parall
                 file=sys.stderr,
                 flush=True,
             )
-        try:  # a Ctrl-C from here on keeps the fit (_kept_fit)
-            draws = given(num_samples=_prediction_draws(post, args.num_samples), seed=args.seed)
-            test = splits.test  # validated once, with its targets: later passes reuse the check
-            check_inputs(post.model, test.x, test.y, test.mask)
-            evaluation = task.evaluate(post, splits, draws)
+        try:  # a Ctrl-C from here on, or an error of the evaluation, keeps the fit (_kept_fit)
+            try:
+                draws = given(num_samples=_prediction_draws(post, args.num_samples), seed=args.seed)
+                test = splits.test  # validated once, with its targets: later passes reuse it
+                check_inputs(post.model, test.x, test.y, test.mask)
+                evaluation = task.evaluate(post, splits, draws)
+            except Exception as e:  # out of memory for the draws, say: minutes of fit kept
+                message = _kept_fit(
+                    post, target, f"the fit finished, but evaluating it failed ({e})"
+                )
+                if isinstance(e, (ValueError, TypeError, OSError, RuntimeError, MemoryError)):
+                    raise CLIError(message) from e
+                e.add_note(message)  # a bug: its traceback, and where the fit is
+                raise
             record = dict(
                 **evaluation.metrics,
                 num_train=len(splits.train),
@@ -184,18 +193,19 @@ def _kept_path(target: Path) -> Path:
     return kept
 
 
-def _kept_fit(post, target: Path) -> str:
-    """Save ``post`` to ``_kept_path(target)`` after a Ctrl-C during the evaluation; the message
-    saying where it is (or why it could not be kept)."""
+def _kept_fit(post, target: Path, cause: str = "interrupted after the fit") -> str:
+    """Save ``post`` to ``_kept_path(target)`` after a Ctrl-C, or an error, during the
+    evaluation; the message saying what happened (``cause``) and where the fit is (or why it
+    could not be kept)."""
     kept = _kept_path(target)
     try:
         post.save(kept)
     except (OSError, ValueError) as e:
-        return f"interrupted after the fit; nothing was written, and the fit was lost: {e}"
+        return f"{cause}; nothing was written, and the fit was lost: {e}"
     except KeyboardInterrupt:
-        return "interrupted after the fit, and again while keeping it; nothing was written"
+        return f"{cause}, and interrupted while keeping it; nothing was written"
     return (
-        f"interrupted after the fit; nothing was written to {target}, and the fitted posterior "
+        f"{cause}; nothing was written to {target}, and the fitted posterior "
         f"is kept in {kept} (probtransformer.inference.load_posterior loads it)"
     )
 

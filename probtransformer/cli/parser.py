@@ -34,6 +34,9 @@ from probtransformer.tasks.classification import RELIABILITY_FILE
 from probtransformer.tasks.forecasting import FORECAST_FILE, PREDICTIONS_FILE
 from probtransformer.tasks.language_modeling import SAMPLES_FILE
 
+#: ``--threads`` at most (torch crashes on absurd thread counts; no machine has more cores).
+MAX_THREADS = 1024
+
 #: --model: "auto" (each task's own model) and the variants some tasks offer.
 MODELS = tuple(dict.fromkeys(model for task in TASKS.values() for model in task.models))
 
@@ -178,7 +181,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fit.add_argument("--device", choices=("auto", "cpu", "cuda"), help="where to fit")
     fit.add_argument(
-        "--threads", type=positive_int, metavar="N", help="intra-op CPU threads of torch"
+        "--threads",
+        type=int_in(1, MAX_THREADS),
+        metavar="N",
+        help=f"intra-op CPU threads of torch, at most {MAX_THREADS:,}",
     )
     fit.add_argument(
         "--out", metavar="DIR", help="run directory (default: runs/<dataset>-<inference>)"

@@ -552,6 +552,57 @@ def test_an_interrupted_run_says_so_at_once_and_a_second_ctrl_c_keeps_the_poster
     assert kept.record["partial"] is True and kept.samples["head.weight"].shape[:2] == (1, 1)
 
 
+def test_an_error_while_the_fit_is_evaluated_keeps_the_fit(tmp_path, monkeypatch, capsys):
+    """Too many draws for memory (as torch reports it) after minutes of fitting: one line, exit
+    2, nothing written to the run directory, and the posterior saved next to it."""
+    from probtransformer.tasks import classification
+
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: 8000000000000 bytes")
+
+    monkeypatch.setattr(classification.ClassificationTask, "evaluate", out_of_memory)
+    out = tmp_path / "run"
+    assert main(["fit", "--out", str(out), *TINY, "--num-train", "64"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert err.count("error:") == 1 and "evaluating it failed (DefaultCPUAllocator" in err
+    kept = tmp_path / "run.posterior"
+    assert f"nothing was written to {out}, and the fitted posterior is kept in {kept}" in err
+    assert not out.exists() and load_posterior(kept).record["steps_done"] == 30
+
+
+def test_a_bug_while_the_fit_is_evaluated_keeps_the_fit_and_its_traceback(tmp_path, monkeypatch):
+    from probtransformer.tasks import classification
+
+    def bug(*args, **kwargs):
+        raise KeyError("metric")
+
+    monkeypatch.setattr(classification.ClassificationTask, "evaluate", bug)
+    out = tmp_path / "run"
+    with pytest.raises(KeyError) as raised:
+        main(["fit", "--out", str(out), *TINY, "--num-train", "64"])
+    kept = tmp_path / "run.posterior"
+    assert f"the fitted posterior is kept in {kept}" in raised.value.__notes__[0]
+    assert not out.exists() and load_posterior(kept).record["method"] == "svi"
+
+
+def test_sizes_that_do_not_fit_in_memory_get_one_line(monkeypatch, tmp_path, capsys):
+    from probtransformer.tasks import classification
+
+    def huge(*args, **kwargs):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: 51200000000 bytes")
+
+    monkeypatch.setattr(classification.ClassificationTask, "build_model", huge)
+    assert main(["fit", "--out", str(tmp_path / "run"), *TINY]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("probtransformer: error: out of memory: DefaultCPUAllocator")
+    assert err.count("\n") == 1 and not (tmp_path / "run").exists()
+
+
+def test_absurd_thread_counts_are_refused_before_anything_runs(capsys):
+    assert main(["fit", "--threads", "100000000"]) == 2
+    assert "--threads: expected an integer <= 1024, got '100000000'" in capsys.readouterr().err
+
+
 def test_ctrl_c_while_the_fit_is_evaluated_keeps_the_fit(tmp_path, monkeypatch, capsys):
     """Minutes of fitting are not lost to a Ctrl-C during the test predictions: the posterior
     is saved next to the run directory, which is not written."""

@@ -94,6 +94,18 @@ def test_the_cache_counts_and_restarts():
     assert kv_cache.active() is None
 
 
+def test_the_cache_grows_past_its_buffers_and_keeps_every_step():
+    """The buffers double when full (16, then 2x the steps): the steps read back are those
+    appended, in order, across several growths."""
+    cache, g = kv_cache.KVCache(), torch.Generator().manual_seed(0)
+    steps = [torch.randn(2, 1, 3, t, 4, generator=g) for t in (5, 1, 12, 1, 30, 1)]
+    for new in steps:
+        keys, values = cache.keys_values("m", new, -new)
+        cache.advance(new.shape[-2])
+    expected = torch.cat(steps, -2)
+    assert torch.equal(keys, expected) and torch.equal(values, -expected)
+
+
 def _ensemble():
     model = CausalLM(V, T, **SIZES)
     return fit_ensemble(

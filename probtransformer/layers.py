@@ -90,7 +90,7 @@ def batched_linear(
         # faster one (1.5x at 256 chains)
         flat = h.reshape(1, -1, h.shape[-1]) @ weight.transpose(-1, -2)  # (s_w, prod(B), out)
         out = flat.reshape(weight.shape[0], *h.shape[1:-1], weight.shape[1])
-    elif not torch.is_grad_enabled():
+    elif not torch.is_grad_enabled():  # a draw dim on both sides: one bmm, no einsum planning
         flat = torch.bmm(h.reshape(h.shape[0], -1, h.shape[-1]), weight.transpose(-1, -2))
         out = flat.view(weight.shape[0], *h.shape[1:-1], weight.shape[1])
     elif h.shape[0] == 1:
@@ -107,7 +107,8 @@ def batched_affine(h: torch.Tensor, weight_bias: torch.Tensor) -> torch.Tensor:
 
     The bias rides in the matmul as a column of ones appended to ``h``, so no pass over the
     output adds it, and the weight is not sliced out of ``weight_bias`` (a copy): 1.4-1.8x
-    faster for the attention projections at 100 draws (``benchmarks/BENCHMARKS.md``, serving).
+    faster for the attention projections at 100 draws (``benchmarks/BENCHMARKS.md``,
+    "Predictive pass over many draws").
 
     Args:
         h: ``(s_h, *B, in)``.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 
 from probtransformer.cli._common import PROG, CLIError
@@ -27,6 +28,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # --help, or an argument error already reported on one line
         return e.code if isinstance(e.code, int) else 2
+    formatwarning = warnings.formatwarning
+    warnings.formatwarning = _warning_line  # the library's warnings, as one line each
     try:
         status = args.handler(args)
     except (CLIError, ValueError, TypeError, OSError) as e:
@@ -46,7 +49,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt as e:
         message = str(e).replace("(resume_from=...)", "(continue with --resume-from it)")
         return _fail(KeyboardInterrupt(message or "interrupted; nothing was written"), 130)
+    finally:
+        warnings.formatwarning = formatwarning
     return status or 0
+
+
+def _warning_line(message, category, filename, lineno, line=None) -> str:
+    """``PROG: warning: message`` rather than the source file and line of the library."""
+    return f"{PROG}: warning: {' '.join(str(message).split())}\n"
 
 
 def _out_of_memory(error: RuntimeError) -> bool:

@@ -60,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
             f"--inference {args.inference} fits guide {guide!r}; got --guide {args.guide}"
         )
     name = args.dataset + ("" if args.model == "auto" else f"-{args.model}")
+    if args.out is not None and not args.out.strip():
+        raise CLIError("--out must name a directory, got an empty string")
     target = Path(args.out or Path("runs") / f"{name}-{args.inference}")
     check_out(target)
     if args.inference == "mcmc":

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +159,10 @@ def check_out(target: Path) -> None:
         ancestor = ancestor.parent
     if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
         raise CLIError(f"cannot create --out {target}: {ancestor} is not a writable directory")
+    try:  # os.access says yes to root everywhere (/proc included): try it
+        tempfile.TemporaryDirectory(dir=ancestor, prefix=".probtransformer-probe-").cleanup()
+    except OSError as e:
+        raise CLIError(f"cannot create --out {target}: {ancestor} is not writable ({e})") from None
 
 
 def write_run(target: Path, post, splits, record: dict, draws: dict, task, evaluation) -> None:

@@ -784,6 +784,7 @@ def test_predict_csv_without_header(run, splits, tmp_path):
         (["--d-model", "15", "--num-heads", "2"], {}, "multiple of num_heads"),
         (["--dropout", "1.5"], {}, "dropout must be in [0, 1)"),
         (["--lr", "-1"], {}, "lr must be a finite number > 0"),
+        (["--out", ""], {}, "--out must name a directory, got an empty string"),
         (["--out", "taken"], {"taken": "a file"}, "not a directory"),
         (["--out", "taken/run"], {"taken": "a file"}, "not a writable directory"),
         (["--out", "mine"], {"mine/notes.txt": "keep me"}, "not a probtransformer run directory"),

@@ -95,8 +95,7 @@ def check_compatible(meta: dict, expected: dict, path: str | os.PathLike) -> Non
             verb = "are" if key.endswith("s") else "is"
             raise ValueError(
                 f"cannot resume from {path}: its {key} {verb} {saved!r} but this fit has "
-                f"{value!r}; "
-                "resume with the same model, data and settings (num_steps included)"
+                f"{value!r}; resume with the same model, data and settings (num_steps included)"
             )
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -157,12 +156,13 @@ def check_out(target: Path) -> None:
     ancestor = target.absolute().parent
     while not ancestor.exists():
         ancestor = ancestor.parent
-    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
-        raise CLIError(f"cannot create --out {target}: {ancestor} is not a writable directory")
-    try:  # os.access says yes to root everywhere (/proc included): try it
+    unwritable = f"cannot create --out {target}: {ancestor} is not a writable directory"
+    if not ancestor.is_dir():
+        raise CLIError(unwritable)
+    try:  # tried rather than os.access, which says yes to root everywhere (/proc included)
         tempfile.TemporaryDirectory(dir=ancestor, prefix=".probtransformer-probe-").cleanup()
     except OSError as e:
-        raise CLIError(f"cannot create --out {target}: {ancestor} is not writable ({e})") from None
+        raise CLIError(f"{unwritable} ({e})") from None
 
 
 def write_run(target: Path, post, splits, record: dict, draws: dict, task, evaluation) -> None:

@@ -22,7 +22,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -121,13 +121,6 @@ class GenerateRequest(BaseModel):
     seed: Seed = 0
 
 
-#: The ``Authorization: Bearer`` header, if any (module level: FastAPI resolves annotations in
-#: the module's namespace).
-BearerCredentials = Annotated[
-    HTTPAuthorizationCredentials | None, Depends(HTTPBearer(auto_error=False))
-]
-
-
 #: FastAPI's 400 for a body it could not read (too deep, numbers too long, not UTF-8).
 UNPARSED_BODY = "There was an error parsing the body"
 #: Seconds between checks that the client of a queued request is still there.
@@ -179,17 +172,12 @@ def create_app(service: Service, limits: Limits | None = None, *, api_key: str |
         lifespan=lifespan,
     )
     app.add_middleware(BodyLimit, limit=limits.max_body_bytes)
-
-    async def authorized(credentials: BearerCredentials) -> None:
-        if api_key is None:
-            return
-        given = b"" if credentials is None else credentials.credentials.encode()
-        if not hmac.compare_digest(given, api_key.encode()):
-            raise HTTPException(
-                401,
-                "missing or wrong API key: send the header 'Authorization: Bearer <key>'",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
+    # the key is checked by APIKey, added last so it runs first (before any body is read); the
+    # dependency only declares the scheme in the OpenAPI schema, for /docs' "Authorize"
+    keyed = []
+    if api_key is not None:
+        app.add_middleware(APIKey, key=api_key)
+        keyed = [Depends(HTTPBearer(auto_error=False))]
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException):
@@ -222,8 +210,8 @@ def create_app(service: Service, limits: Limits | None = None, *, api_key: str |
         """``{"status": "ok"}`` while the server takes requests."""
         return {"status": "ok"}
 
-    @app.get("/metadata", dependencies=[Depends(authorized)])
-    @app.head("/metadata", dependencies=[Depends(authorized)], include_in_schema=False)
+    @app.get("/metadata", dependencies=keyed)
+    @app.head("/metadata", dependencies=keyed, include_in_schema=False)
     async def metadata() -> dict:
         """The run: task, input shape, classes or vocabulary, training range, fit summary,
         diagnostics verdict, units, and the server's limits and batching."""
@@ -245,9 +233,7 @@ def create_app(service: Service, limits: Limits | None = None, *, api_key: str |
             },
         }
 
-    @app.post(
-        "/predict", response_model=PredictResponse, dependencies=[Depends(authorized), JSON_BODY]
-    )
+    @app.post("/predict", response_model=PredictResponse, dependencies=[*keyed, JSON_BODY])
     async def predict(body: PredictRequest, request: Request):
         """Posterior predictive of each sequence, with its uncertainty (see the schema)."""
         rows = len(body.sequences)
@@ -296,7 +282,7 @@ def create_app(service: Service, limits: Limits | None = None, *, api_key: str |
             }
         )
 
-    @app.post("/generate", dependencies=[Depends(authorized), JSON_BODY])
+    @app.post("/generate", dependencies=[*keyed, JSON_BODY])
     async def generate(body: GenerateRequest, request: Request):
         """Text after ``prompt``, streamed as server-sent events: one ``token`` event per new
         token (``index``, ``token_id``, ``token``, and ``entropy``, ``aleatoric``,
@@ -367,6 +353,32 @@ def _echo(value: Any, limit: int = 200) -> Any:
     if len(text) > limit:
         return text[:limit] + "..."
     return text if any(word in text for word in ("NaN", "Infinity")) else value
+
+
+class APIKey:
+    """ASGI middleware: 401 for an HTTP request without ``Authorization: Bearer <key>``, before
+    anything reads its body (so an unauthorised client learns nothing about the body it sent).
+    ``/health`` and the docs stay open."""
+
+    OPEN = frozenset({"/health", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+    MESSAGE = "missing or wrong API key: send the header 'Authorization: Bearer <key>'"
+
+    def __init__(self, app, key: str) -> None:
+        self.app = app
+        self.key = key.encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["path"] in self.OPEN:
+            await self.app(scope, receive, send)
+            return
+        scheme, _, given = dict(scope["headers"]).get(b"authorization", b"").partition(b" ")
+        if scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), self.key):
+            await self.app(scope, receive, send)
+            return
+        response = JSONResponse(
+            {"detail": self.MESSAGE}, status_code=401, headers={"WWW-Authenticate": "Bearer"}
+        )
+        await response(scope, receive, send)
 
 
 class BodyLimit:

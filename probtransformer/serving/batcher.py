@@ -13,6 +13,8 @@ server runs on that one worker thread, in order (``Pyro``'s global state is not 
 Like the dynamic batching of model servers (Triton's ``max_queue_delay_microseconds``), but
 keyed: requests merge only when they ask for the same draws and flags. Requests whose merged
 call fails are run again one by one, so an error reaches only the request that caused it.
+``run_batch`` gets a second argument, ``abandoned()``, which says whether every client of the
+running batch has left: a long call checks it between its parts and raises ``Abandoned``.
 """
 
 from __future__ import annotations
@@ -21,8 +23,13 @@ import asyncio
 import collections
 import concurrent.futures
 import dataclasses
+import threading
 from collections.abc import Callable, Hashable
 from typing import Any
+
+
+class Abandoned(Exception):
+    """Raised by ``run_batch`` that stopped early because every client of its batch left."""
 
 
 @dataclasses.dataclass(eq=False)
@@ -39,8 +46,10 @@ class MicroBatcher:
     """Group concurrent requests by key into calls of ``run_batch`` on one worker thread.
 
     Args:
-        run_batch: ``run_batch(payloads) -> results``, one result per payload, in order. It runs
-            on the worker thread; an exception fails the batch (each request is then run alone).
+        run_batch: ``run_batch(payloads, abandoned) -> results``, one result per payload, in
+            order. It runs on the worker thread; an exception fails the batch (each request is
+            then run alone), except ``Abandoned``. ``abandoned()`` is true once every request
+            of the batch has been cancelled (thread-safe).
         max_rows: a batch holds requests of at most this many rows in all (a larger request
             runs alone); 1 turns batching off.
         max_wait: seconds a request waits for others to join its batch.
@@ -50,7 +59,11 @@ class MicroBatcher:
     """
 
     def __init__(
-        self, run_batch: Callable[[list[Any]], list[Any]], *, max_rows: int, max_wait: float
+        self,
+        run_batch: Callable[[list[Any], Callable[[], bool]], list[Any]],
+        *,
+        max_rows: int,
+        max_wait: float,
     ) -> None:
         if max_rows < 1:
             raise ValueError(f"max_rows must be >= 1, got {max_rows}")
@@ -66,6 +79,8 @@ class MicroBatcher:
         self._loop_task: asyncio.Task | None = None
         self._last_arrival = -float("inf")
         self._last_batch_requests = 1
+        self._running: list[_Request] = []  # the batch on the worker
+        self._left = threading.Event()  # every client of the batch on the worker left
 
     def start(self) -> None:
         """Start batching (call from the running event loop)."""
@@ -93,6 +108,8 @@ class MicroBatcher:
         finally:
             if request.future.cancelled():
                 self._arrived.set()  # its batching window need not wait any longer
+                if request in self._running and all(r.future.done() for r in self._running):
+                    self._left.set()  # the worker stops its pass at the next check
 
     async def run_on_worker(self, function: Callable[[], Any]) -> Any:
         """Run ``function()`` on the worker thread, after the work queued before it."""
@@ -132,7 +149,9 @@ class MicroBatcher:
             batch = self._take(first.key)
             if batch:
                 self._last_batch_requests = len(batch)
-                outcomes = await loop.run_in_executor(self._worker, self._run, batch)
+                self._running, self._left = batch, threading.Event()
+                outcomes = await loop.run_in_executor(self._worker, self._run, batch, self._left)
+                self._running = []
                 free_since = loop.time()
                 for request, (ok, value) in zip(batch, outcomes, strict=True):
                     if request.future.done():  # the client went away
@@ -159,20 +178,20 @@ class MicroBatcher:
         self._pending = kept
         return batch
 
-    def _run(self, batch: list[_Request]) -> list[tuple[bool, Any]]:
+    def _run(self, batch: list[_Request], left: threading.Event) -> list[tuple[bool, Any]]:
         """On the worker: the batch in one call; if that fails, each request alone."""
         self.batches += 1
         try:
-            results = self.run_batch([r.payload for r in batch])
+            results = self.run_batch([r.payload for r in batch], left.is_set)
             return [(True, result) for result in results]
         except Exception as e:
-            if len(batch) == 1:
-                return [(False, e)]
+            if len(batch) == 1 or isinstance(e, Abandoned):
+                return [(False, e)] * len(batch)
         outcomes = []
         for request in batch:
             self.batches += 1
             try:
-                outcomes.append((True, self.run_batch([request.payload])[0]))
+                outcomes.append((True, self.run_batch([request.payload], left.is_set)[0]))
             except Exception as e:
                 outcomes.append((False, e))
         return outcomes

@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,12 @@ import torch
 from probtransformer.cli.rundir import DIAGNOSTICS_FILE, Run
 from probtransformer.inference.inputs import out_of_range_message
 from probtransformer.inference.prediction import Prediction
+from probtransformer.serving.batcher import Abandoned
 
+#: Rows x draws of one model call (a 64-row digits pass at S=100 takes about 0.3 s on 2 cores):
+#: a larger merged request runs as several calls, between which the worker checks that a client
+#: still waits, and its activations stay small.
+PASS_ROW_DRAWS = 64 * 100
 #: Sets of draws the service keeps (the digits run's 100 draws take 13 MiB).
 DRAWS_KEPT = 8
 
@@ -206,52 +212,52 @@ class Service:
             values += 2 * pairs * (steps + extra_queries) * (steps + extra_keys)
         return 20 * rows * values
 
-    def predict_batch(self, payloads: list[PredictPayload]) -> list[list[dict]]:
-        """The rows of each payload (which share draws and flags), from one merged pass; every
-        summary is computed once for the merged rows (each is per row)."""
+    def predict_batch(
+        self, payloads: list[PredictPayload], abandoned: Callable[[], bool] = lambda: False
+    ) -> list[list[dict]]:
+        """The rows of each payload (which share draws and flags), from merged passes of at
+        most ``PASS_ROW_DRAWS`` rows x draws (one pass when rows draw their own noise); every
+        summary is per row, so a row's answer does not depend on its neighbours.
+
+        Raises:
+            Abandoned: ``abandoned()`` said yes between two passes (every client left).
+        """
         first = payloads[0]
         x = torch.cat([p.x for p in payloads])
         mask = None if first.mask is None else torch.cat([p.mask for p in payloads])
         draws = self.draws(first.num_samples, first.seed)
-        pred = self.post.predict(x, mask, seed=first.seed, draws=draws)
-        if isinstance(pred, Prediction):
-            summaries = {"probs": pred.mean, "predicted": pred.predicted}
-            per_draw, interval, name = (
-                {"probs": pred.probs},
-                pred.credible_interval,
-                "probs_interval",
-            )
-        else:
-            summaries = {"mean": pred.mean, "std": pred.std}
-            per_draw = {"loc": pred.loc, "variance": pred.variance, "samples": pred.samples}
-            interval, name = pred.predictive_interval, "interval"
-        summaries |= {"aleatoric": pred.aleatoric, "epistemic": pred.epistemic}
-        if isinstance(pred, Prediction):
-            summaries["entropy"] = pred.entropy
-        columns = {key: value.tolist() for key, value in summaries.items()}
-        intervals = {}
-        for mass in {p.interval for p in payloads}:
-            lower, upper = interval(mass)
-            intervals[mass] = lower.tolist(), upper.tolist()
-        if first.attention:
-            weights = self.post.attention(x, mask, seed=first.seed, draws=draws).samples
-            weights = weights.flatten(0, 1)  # (S, N, layer, head, query, key)
-            columns["attention.mean"] = weights.mean(0).tolist()
-            columns["attention.sd"] = weights.std(0, correction=0).tolist()
+        step = max(1, PASS_ROW_DRAWS // first.num_samples) if self.merges else len(x)
+        masses = {p.interval for p in payloads}
+        with_draws = any(p.return_draws for p in payloads)
+        columns = collections.defaultdict(list)
+        for lo in range(0, len(x), step):
+            if abandoned():
+                raise Abandoned(f"every client left before rows {lo}-{len(x) - 1} were computed")
+            part = slice(lo, lo + step)
+            chunk_mask = None if mask is None else mask[part]
+            for key, values in self._pass(x[part], chunk_mask, first, draws, masses, with_draws):
+                columns[key] += values
         labels = self.vocab if self.task == "language-modeling" else self.class_names
+        interval = "probs_interval" if self.categorical else "interval"
+        summaries = [key for key in columns if "." not in key]
         out, start = [], 0
         for payload in payloads:
             rows = []
             for i in range(start, start + payload.x.shape[0]):
                 row = {key: columns[key][i] for key in summaries}
-                lower, upper = intervals[payload.interval]
-                row[name] = {"mass": payload.interval, "lower": lower[i], "upper": upper[i]}
+                row[interval] = {
+                    "mass": payload.interval,
+                    "lower": columns[f"lower.{payload.interval}"][i],
+                    "upper": columns[f"upper.{payload.interval}"][i],
+                }
                 if labels is not None and "predicted" in row:
                     row["predicted_label"] = _labels(row["predicted"], labels)
                 if payload.abstain_above is not None:
-                    row["abstain"] = (summaries["epistemic"][i] > payload.abstain_above).tolist()
+                    row["abstain"] = (np.asarray(row["epistemic"]) > payload.abstain_above).tolist()
                 if payload.return_draws:
-                    row["draws"] = {key: value[:, i].tolist() for key, value in per_draw.items()}
+                    row["draws"] = {
+                        key[6:]: columns[key][i] for key in columns if key.startswith("draws.")
+                    }
                 if first.attention:
                     row["attention"] = {
                         "mean": columns["attention.mean"][i],
@@ -261,6 +267,32 @@ class Service:
             out.append(rows)
             start += payload.x.shape[0]
         return out
+
+    def _pass(self, x, mask, first: PredictPayload, draws, masses: set[float], with_draws: bool):
+        """One model call over ``x``: ``(name, per-row list)`` of the summaries,
+        ``lower.<mass>``/``upper.<mass>``, ``draws.<field>`` (each row's values per draw) and
+        ``attention.mean``/``attention.sd``."""
+        pred = self.post.predict(x, mask, seed=first.seed, draws=draws)
+        if isinstance(pred, Prediction):
+            summaries = {"probs": pred.mean, "predicted": pred.predicted, "entropy": pred.entropy}
+            per_draw, interval = {"probs": pred.probs}, pred.credible_interval
+        else:
+            summaries = {"mean": pred.mean, "std": pred.std}
+            per_draw = {"loc": pred.loc, "variance": pred.variance, "samples": pred.samples}
+            interval = pred.predictive_interval
+        summaries |= {"aleatoric": pred.aleatoric, "epistemic": pred.epistemic}
+        yield from ((key, value.tolist()) for key, value in summaries.items())
+        for mass in masses:
+            lower, upper = interval(mass)
+            yield f"lower.{mass}", lower.tolist()
+            yield f"upper.{mass}", upper.tolist()
+        if with_draws:
+            yield from ((f"draws.{k}", v.transpose(0, 1).tolist()) for k, v in per_draw.items())
+        if first.attention:
+            weights = self.post.attention(x, mask, seed=first.seed, draws=draws).samples
+            weights = weights.flatten(0, 1)  # (S, N, layer, head, query, key)
+            yield "attention.mean", weights.mean(0).tolist()
+            yield "attention.sd", weights.std(0, correction=0).tolist()
 
     def draws(self, num_samples: int, seed: int):
         """``Posterior.draw(num_samples, seed=seed)``, kept for the ``DRAWS_KEPT`` most recent

@@ -2,8 +2,10 @@
 errors reaching only the request that caused them."""
 
 import asyncio
+import threading
+import time
 
-from probtransformer.serving.batcher import MicroBatcher
+from probtransformer.serving.batcher import Abandoned, MicroBatcher
 
 
 def _run(scenario):
@@ -13,7 +15,7 @@ def _run(scenario):
 def test_requests_with_equal_keys_share_a_call_and_others_wait_their_turn():
     calls = []
 
-    def run_batch(payloads):
+    def run_batch(payloads, abandoned):
         calls.append(list(payloads))
         return [p * 10 for p in payloads]
 
@@ -36,7 +38,7 @@ def test_a_request_whose_client_left_is_not_computed():
     calls = []
 
     async def scenario():
-        batcher = MicroBatcher(lambda ps: calls.append(list(ps)) or ps, max_rows=8, max_wait=0.2)
+        batcher = MicroBatcher(lambda ps, _: calls.append(list(ps)) or ps, max_rows=8, max_wait=0.2)
         batcher.start()
         kept = asyncio.ensure_future(batcher.submit("k", 1, 1))
         left = asyncio.ensure_future(batcher.submit("k", 2, 1))
@@ -50,8 +52,47 @@ def test_a_request_whose_client_left_is_not_computed():
     assert calls == [[1]]
 
 
+def test_a_running_call_learns_that_every_client_left_and_a_shared_one_does_not():
+    """``abandoned()`` turns true only when the last client of the running batch leaves; the
+    call then stops between its parts and the worker is free for the next request."""
+    parts, started = [], threading.Event()
+
+    def run_batch(payloads, abandoned):
+        started.set()
+        for part in range(200):  # 200 parts of 10 ms
+            if abandoned():
+                raise Abandoned("every client left")
+            parts.append(part)
+            time.sleep(0.01)
+        return payloads
+
+    async def scenario():
+        batcher = MicroBatcher(run_batch, max_rows=8, max_wait=0.05)
+        batcher.start()
+        first = asyncio.ensure_future(batcher.submit("k", 1, 1))
+        second = asyncio.ensure_future(batcher.submit("k", 2, 1))
+        await asyncio.get_running_loop().run_in_executor(None, started.wait)
+        first.cancel()
+        at_first_cancel = len(parts)
+        await asyncio.sleep(0.1)
+        after_first = len(parts)  # one client is still there: the call goes on
+        second.cancel()
+        await asyncio.sleep(0.1)
+        stopped_at = len(parts)
+        await asyncio.sleep(0.1)
+        assert len(parts) == stopped_at  # the call stopped
+        parts.clear()
+        await asyncio.wait_for(batcher.submit("j", 3, 1), timeout=10)  # the worker is free
+        await batcher.stop()
+        return at_first_cancel, after_first, stopped_at
+
+    at_first_cancel, after_first, stopped_at = _run(scenario)
+    assert at_first_cancel < after_first <= stopped_at < 100
+    assert len(parts) == 200  # the next request ran whole
+
+
 def test_a_failing_merged_call_is_retried_one_request_at_a_time():
-    def run_batch(payloads):
+    def run_batch(payloads, abandoned):
         if "bad" in payloads:
             raise ValueError("bad input")
         return payloads
@@ -74,7 +115,7 @@ def test_a_request_whose_client_left_does_not_hold_its_window_open():
     """Stopping waits for the queue; a cancelled request in a long window must not hold it."""
 
     async def scenario():
-        batcher = MicroBatcher(lambda ps: ps, max_rows=8, max_wait=30.0)
+        batcher = MicroBatcher(lambda ps, _: ps, max_rows=8, max_wait=30.0)
         batcher.start()
         await asyncio.wait_for(batcher.submit("j", 0, 1), timeout=5)  # lone: runs at once
         left = asyncio.ensure_future(batcher.submit("k", 1, 1))  # close behind: a window
@@ -91,7 +132,9 @@ def test_a_lone_request_runs_at_once_and_a_close_follower_waits_for_company():
     calls = []
 
     async def scenario():
-        batcher = MicroBatcher(lambda ps: calls.append(list(ps)) or ps, max_rows=2, max_wait=30.0)
+        batcher = MicroBatcher(
+            lambda ps, _: calls.append(list(ps)) or ps, max_rows=2, max_wait=30.0
+        )
         batcher.start()
         assert await asyncio.wait_for(batcher.submit("k", 1, 1), timeout=5) == 1
         second = asyncio.ensure_future(batcher.submit("k", 2, 1))

@@ -15,7 +15,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -188,6 +190,42 @@ def test_predict_rows_match_the_posterior(server, digits_run, digits):
         assert torch.allclose(torch.tensor(row["attention"]["sd"]), attention.std()[i], atol=1e-6)
 
 
+def test_a_large_request_runs_in_parts_that_equal_one_pass_and_stops_when_its_clients_leave(
+    digits_run, digits, monkeypatch
+):
+    """Rows x draws over ``PASS_ROW_DRAWS`` run as several passes (here one row each); the
+    answer is the one pass's, and ``abandoned()`` is checked before every pass."""
+    import probtransformer.serving.service as service_module
+    from probtransformer.serving import Service
+    from probtransformer.serving.batcher import Abandoned
+
+    service = Service(read_run(digits_run), num_samples=8)
+    body = dict(num_samples=8, seed=5, interval=0.8, attention=True, abstain_above=0.0)
+    payloads = [
+        service.parse(SimpleNamespace(sequences=digits.test.x[lo:hi].tolist(), mask=None,
+                                      return_draws=True, **body))
+        for lo, hi in ((0, 2), (2, 5))
+    ]  # fmt: skip
+    whole = service.predict_batch(payloads)
+    checks = []
+    monkeypatch.setattr(service_module, "PASS_ROW_DRAWS", 8)
+    parts = service.predict_batch(payloads, lambda: checks.append(1) and False)
+    assert len(checks) == 5  # one pass per row
+    assert [len(rows) for rows in parts] == [2, 3]
+    assert all(_close(*pair) for pair in zip(sum(parts, []), sum(whole, []), strict=True))
+    with pytest.raises(Abandoned, match="every client left"):
+        service.predict_batch(payloads, lambda: True)
+
+
+def _close(a, b) -> bool:
+    """JSON values equal, their numbers within 1e-6."""
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, str | bool):
+        return a == b
+    return np.allclose(np.asarray(a, dtype=float), np.asarray(b, dtype=float), atol=1e-6, rtol=0)
+
+
 def test_client_refuses_empty_and_non_finite_inputs(server):
     with Client(server.url, api_key=KEY) as client:
         with pytest.raises(ValueError, match="at least one sequence"):
@@ -351,6 +389,18 @@ def test_a_missing_or_wrong_key_gets_401(server, headers):
     assert httpx.get(f"{server.url}/metadata", headers=headers).status_code == 401
     with pytest.raises(PermissionError, match="401"):
         Client(server.url, api_key=headers.get("Authorization", "x")[7:] or None).metadata()
+    # the key is checked before the body is read: a malformed or oversized body gets 401 too
+    for body in (b"{not json", b"[" * (MAX_BODY + 1)):
+        kind = {"Content-Type": "application/json"}
+        answer = httpx.post(f"{server.url}/predict", content=body, headers={**headers, **kind})
+        assert answer.status_code == 401, answer.text
+
+
+def test_the_key_scheme_is_case_insensitive_and_the_docs_stay_open(server):
+    lower_case = {"Authorization": f"bearer {KEY}"}
+    assert _post(server, {"sequences": [ROW]}, headers=lower_case).is_success
+    assert httpx.get(f"{server.url}/openapi.json").json()["components"]["securitySchemes"]
+    assert httpx.get(f"{server.url}/health").status_code == 200
 
 
 def test_over_the_row_or_body_limit_gets_413(server):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import ipaddress
+import logging
 import os
 import socket
 import sys
@@ -185,15 +186,33 @@ def _serve(args: argparse.Namespace, listening: socket.socket, api_key: str | No
         timeout_graceful_shutdown=DRAIN_SECONDS,
     )
     server = uvicorn.Server(config)
+    quiet = _ForcedExitTraceback(server)
+    logging.getLogger("uvicorn.error").addFilter(quiet)
     interrupted = False
     try:
         server.run(sockets=[listening])
     except KeyboardInterrupt:
         interrupted = True
+    finally:
+        logging.getLogger("uvicorn.error").removeFilter(quiet)
     if server.force_exit:  # a second Ctrl-C, after which uvicorn may return instead of raising
-        raise KeyboardInterrupt("stopped at once; requests in flight were dropped")
+        raise KeyboardInterrupt(
+            "stopped at once; requests in flight were answered 503 with Retry-After"
+        )
     if interrupted:
         raise KeyboardInterrupt("stopped; the requests in flight were answered")
+
+
+class _ForcedExitTraceback(logging.Filter):
+    """Drops the traceback uvicorn logs when a forced exit (a second Ctrl-C) cancels the app's
+    lifespan task: the ``CancelledError`` is the exit itself, not a fault."""
+
+    def __init__(self, server) -> None:
+        super().__init__()
+        self.server = server
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (self.server.force_exit and "CancelledError" in record.getMessage())
 
 
 def _loopback(host: str) -> bool:

@@ -241,6 +241,8 @@ def fit_svi(
             where = f"; saved to {checkpoint_dir} (resume_from=...)"
         elif checkpoint_dir is not None:
             where = f"; only rank 0 writes checkpoints (to {checkpoint_dir}, when it stops too)"
+        else:
+            where = "; nothing was saved (checkpoint_every=N keeps the state every N steps)"
         raise KeyboardInterrupt(f"fit_svi interrupted at step {state.step}{where}") from e
     return _posterior(state, num_steps, start)
 

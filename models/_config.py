@@ -47,7 +47,7 @@ class EncoderConfig:
 
     Raises:
         ValueError: both or neither of ``in_features`` and ``vocab_size``; a size < 1 (``d_ff``
-            < 0); ``dropout`` outside [0, 1); a ``grid`` that is not two sizes; an unknown
+            < 0); sizes whose weights alone would not fit in this machine's memory; ``dropout`` outside [0, 1); a ``grid`` that is not two sizes; an unknown
             ``bayesian`` part, or a part that ``layer_norm=False`` or ``d_ff=0`` removes.
         TypeError: ``in_features`` not an int; ``layer_norm`` or ``hard_attention`` not a bool;
             ``bayesian`` not strings; a prior of the wrong spec type.
@@ -159,6 +159,7 @@ class EncoderConfig:
         if "ffn" in parts and not d_ff:
             raise ValueError("bayesian includes 'ffn', but d_ff=0 drops the feed-forward layers")
         object.__setattr__(self, "bayesian", parts)
+        _check_fits_in_memory(self)
 
     @property
     def input_sizes(self) -> dict[str, int]:
@@ -283,3 +284,27 @@ def takes_encoder_options(init: Callable | None = None, /, **defaults) -> Callab
 
     checked.__signature__ = signature
     return checked
+
+
+def _check_fits_in_memory(config: EncoderConfig) -> None:
+    """Refuse sizes whose weights alone (float32, one copy, embeddings and encoder blocks)
+    exceed the machine's physical memory, before any of them is allocated.
+
+    Raises:
+        ValueError: naming the estimate and the memory.
+    """
+    import os
+
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows): nothing to compare
+        return
+    d, inputs = config.d_model, config.in_features or config.vocab_size
+    per_block = 4 * d * (d + 1) + 2 * d * config.d_ff + config.d_ff + d * (config.conv_kernel + 5)
+    weights = config.num_layers * per_block + 2 * inputs * d + config.max_len * d
+    if 4 * weights > memory:
+        raise ValueError(
+            f"d_model={d}, d_ff={config.d_ff}, num_layers={config.num_layers} give at least "
+            f"{weights:.3g} weights ({4 * weights / 2**30:,.0f} GiB in float32), more than this "
+            f"machine's {memory / 2**30:,.0f} GiB of memory: choose smaller sizes"
+        )

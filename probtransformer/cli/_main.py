@@ -48,6 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(e, 1)
     except KeyboardInterrupt as e:
         message = str(e).replace("(resume_from=...)", "(continue with --resume-from it)")
+        message = message.replace("checkpoint_every=N", "--checkpoint-every N")
         return _fail(KeyboardInterrupt(message or "interrupted; nothing was written"), 130)
     finally:
         warnings.formatwarning = formatwarning

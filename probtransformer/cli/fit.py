@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from probtransformer.cli._common import PROG, CLIError, given
+from probtransformer.cli._common import PROG, CLIError, given, warn
 from probtransformer.cli.options import (
     CHECKPOINT_OPTIONS,
     DISTRIBUTED_INFERENCE,
@@ -29,7 +29,7 @@ from probtransformer.cli.options import (
     applies,
     mcmc_preset,
 )
-from probtransformer.cli.rundir import check_out, write_run
+from probtransformer.cli.rundir import check_out, is_run_dir, write_run
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,13 +64,16 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError("--out must name a directory, got an empty string")
     target = Path(args.out or Path("runs") / f"{name}-{args.inference}")
     check_out(target)
+    if is_run_dir(target):  # said before fitting: Ctrl-C now keeps it
+        warn(f"--out {target} holds an earlier run; this fit replaces it once it is written")
+    asked_batch_size = args.batch_size  # before the preset fills it in
     if args.inference == "mcmc":
         args = _with_mcmc_preset(args)
     else:
         args = _with_preset(args, task.fit_preset)
     parallel = _joined_process_group(args)
     try:
-        return _run(args, task, guide, target, parallel)
+        return _run(args, task, guide, target, parallel, asked_batch_size)
     finally:
         if parallel is not None:
             import torch.distributed
@@ -104,7 +107,14 @@ def _joined_process_group(args: argparse.Namespace):
     return parallel
 
 
-def _run(args: argparse.Namespace, task, guide: str | None, target: Path, parallel) -> int:
+def _run(
+    args: argparse.Namespace,
+    task,
+    guide: str | None,
+    target: Path,
+    parallel,
+    asked_batch_size: int | None,
+) -> int:
     """``run`` after the checks: load, fit, evaluate, write and print (rank 0 only)."""
     import torch
 
@@ -120,6 +130,11 @@ def _run(args: argparse.Namespace, task, guide: str | None, target: Path, parall
                 f"{args.dataset} training split"
             )
         splits = dataclasses.replace(splits, train=splits.train[: args.num_train])
+    if asked_batch_size is not None and asked_batch_size > len(splits.train):
+        warn(
+            f"--batch-size {asked_batch_size} exceeds the {len(splits.train)} training rows: "
+            "every step uses all of them"
+        )
     model = task.build_model(meta, _model_options(args), model=args.model)
     with _intra_op_threads(args.threads):
         start = time.perf_counter()

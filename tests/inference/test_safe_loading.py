@@ -285,13 +285,13 @@ def test_a_tensors_file_that_is_not_a_torch_file_is_named(tmp_path, content):
 
 
 def test_a_config_that_does_not_match_the_tensors_is_refused_before_building(tmp_path):
-    """The classifier of the fixture run, with a d_model a million times larger in its config:
+    """The classifier of the fixture run, with a d_model a thousand times larger in its config:
     compared on the meta device (no memory), refused before the real model is built."""
     run = _crafted_run(tmp_path, "probtransformer.models.classifier.SequenceClassifier", {})
     meta_path = run / "posterior" / "posterior.json"
     saved = json.loads((FIXTURE_RUN / "posterior" / "posterior.json").read_text())
     meta = json.loads(meta_path.read_text())
-    meta["config"] = {**saved["config"], "d_model": 8_000_000}
+    meta["config"] = {**saved["config"], "d_model": 8_000}
     meta_path.write_text(json.dumps(meta))
     with pytest.raises(ValueError, match=r"config does not match its tensors.pt: .* shape"):
         load_posterior(run / "posterior")
@@ -304,6 +304,8 @@ def test_a_config_that_does_not_match_the_tensors_is_refused_before_building(tmp
         (dict(num_layers=200_000), r"asks for num_layers=200000 but its tensors.pt holds 1 layer"),
         # the sinusoidal table is not saved: 1e9 positions reached the allocator
         (dict(max_len=10**9), r"max_len must be <= 65536 .* got 1000000000"),
+        # weights that no machine here holds: refused before anything is allocated
+        (dict(d_model=8_000_000), r"d_model=8000000, .* more than this machine's .* memory"),
     ],
 )
 def test_a_config_asking_for_huge_unsaved_sizes_is_refused_at_once(tmp_path, change, words):

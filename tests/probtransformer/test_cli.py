@@ -239,7 +239,9 @@ def test_map_fit_uses_default_out_and_replaces_a_previous_run(
     assert "notes.txt" in one_error_line(capsys)
     (previous / "notes.txt").unlink()
     assert main(["fit", "--inference", "map", *fast]) == 0
-    assert "wrote runs/digits-map" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert "wrote runs/digits-map" in printed.out
+    assert "--out runs/digits-map holds an earlier run; this fit replaces it" in printed.err
     assert {p.name for p in (tmp_path / "runs").iterdir()} == {"digits-map"}
     assert {p.name for p in previous.iterdir()} == RUN_FILES
     record = json.loads((previous / "metrics.json").read_text())
@@ -598,6 +600,12 @@ def test_sizes_that_do_not_fit_in_memory_get_one_line(monkeypatch, tmp_path, cap
     assert err.count("\n") == 1 and not (tmp_path / "run").exists()
 
 
+def test_a_model_too_large_for_memory_is_refused_before_it_is_built(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["fit", "--out", str(out), *TINY, "--d-model", "100000000"]) == 2
+    assert "more than this machine's" in capsys.readouterr().err and not out.exists()
+
+
 def test_absurd_thread_counts_are_refused_before_anything_runs(capsys):
     assert main(["fit", "--threads", "100000000"]) == 2
     assert "--threads: expected an integer <= 1024, got '100000000'" in capsys.readouterr().err
@@ -623,6 +631,25 @@ def test_ctrl_c_while_the_fit_is_evaluated_keeps_the_fit(tmp_path, monkeypatch, 
     assert post.record["method"] == "svi" and post.record["steps_done"] == 30
     assert post.record["lr_decay"] == 1.0  # --lr-decay reached fit_svi
     assert post.predict(torch.zeros(2, T, F), num_samples=3).probs.shape == (3, 2, C)
+
+
+def test_a_batch_larger_than_the_data_is_warned_about(tmp_path, capsys):
+    out = str(tmp_path / "run")
+    assert main(["fit", "--out", out, *TINY, "--num-train", "64", "--batch-size", "500"]) == 0
+    assert "--batch-size 500 exceeds the 64 training rows" in capsys.readouterr().err
+
+
+def test_ctrl_c_mid_fit_without_checkpoints_says_nothing_was_saved(
+    tmp_path, monkeypatch, capsys, one_error_line
+):
+    def impatient(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch.optim.Adam, "step", impatient)
+    assert main(["fit", "--out", str(tmp_path / "run"), *TINY]) == 130
+    line = one_error_line(capsys)
+    assert "interrupted at step 0; nothing was saved (--checkpoint-every N keeps" in line
+    assert not (tmp_path / "run").exists()
 
 
 def test_mcmc_interrupted_before_a_draw_writes_nothing(

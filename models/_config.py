@@ -47,7 +47,8 @@ class EncoderConfig:
 
     Raises:
         ValueError: both or neither of ``in_features`` and ``vocab_size``; a size < 1 (``d_ff``
-            < 0); sizes whose weights alone would not fit in this machine's memory; ``dropout`` outside [0, 1); a ``grid`` that is not two sizes; an unknown
+            < 0); sizes whose weights alone would not fit in this machine's memory;
+            ``dropout`` outside [0, 1); a ``grid`` that is not two sizes; an unknown
             ``bayesian`` part, or a part that ``layer_norm=False`` or ``d_ff=0`` removes.
         TypeError: ``in_features`` not an int; ``layer_norm`` or ``hard_attention`` not a bool;
             ``bayesian`` not strings; a prior of the wrong spec type.

@@ -145,6 +145,11 @@ def _run(
         seconds = time.perf_counter() - start
         if parallel is not None and not parallel.is_main:
             return 0
+        # what predict and serve need of a posterior kept without its run (OUT.posterior)
+        post.record |= dict(dataset=args.dataset, seed=args.seed, num_train=len(splits.train))
+        post.record["val_fraction"] = meta["val_fraction"]
+        if "class_names" in meta:
+            post.record["class_names"] = meta["class_names"]
         partial = bool(post.record.get("partial"))
         if partial:  # said at once: the predictions take a while before the run is written
             print(

@@ -75,6 +75,10 @@ class _DatasetNames:
 DATASET_NAMES = _DatasetNames()
 
 
+#: DIR of the commands that also read the posterior fit keeps when its evaluation stops.
+KEPT_TOO = "run directory written by fit, or the OUT.posterior it keeps when evaluating fails"
+
+
 def _run_command(
     commands: argparse._SubParsersAction,
     handler: Callable[[argparse.Namespace], int],
@@ -326,6 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
         commands,
         diagnose_command.run,
         "diagnose",
+        run_dir_help=KEPT_TOO,
         help="print convergence diagnostics and PSIS-LOO of a run",
         description="Reload a run's posterior and its training data (dataset and seed from "
         f"{METRICS_FILE}) and print the aggregated diagnostics table, the verdict and LOO.",
@@ -339,6 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
         commands,
         predict_command.run,
         "predict",
+        run_dir_help=KEPT_TOO,
         help="posterior predictive of a run for new sequences, as CSV",
         description="Predict with a run's posterior. Classification and forecasting runs: "
         "--input is a .npy array of shape (N, T, F) or a .csv file with one flattened sequence "
@@ -424,6 +430,7 @@ def build_parser() -> argparse.ArgumentParser:
         commands,
         serve_command.run,
         "serve",
+        run_dir_help=KEPT_TOO,
         help="serve a run's uncertainty-aware predictions over HTTP",
         description="Serve a run over HTTP (FastAPI and uvicorn: pip install "
         "'probtransformer[serve]'): POST /predict (probabilities or predictive mean, entropy "

@@ -71,15 +71,26 @@ def is_run_dir(path: Path) -> bool:
 def read_run(run_dir: str | Path, *, device: str = "cpu") -> Run:
     """The metrics.json and the posterior of ``run_dir``, on ``device`` (``load_posterior``'s).
 
+    ``run_dir`` may also be a saved posterior: the ``OUT.posterior`` that ``fit`` keeps when
+    its evaluation is interrupted or fails. Its record (the fit's settings, with the dataset,
+    seed and class names ``fit`` adds) stands in for metrics.json.
+
     Raises:
-        ValueError: not a run directory, its metrics.json is not a JSON object, or ``device``
-            is CUDA where none is available.
+        ValueError: neither a run directory nor a saved posterior, its metrics.json is not a
+            JSON object, or ``device`` is CUDA where none is available.
     """
+    from probtransformer.inference import load_posterior
+    from probtransformer.inference.serialization import META_FILE
+
     run_dir = Path(run_dir)
+    if not is_run_dir(run_dir) and (run_dir / META_FILE).is_file():
+        post = load_posterior(run_dir, device=device)
+        return Run(run_dir, dict(post.record), post)
     if not is_run_dir(run_dir):
         raise ValueError(
             f"{run_dir} is not a probtransformer run directory "
-            f"(it needs {METRICS_FILE} and {POSTERIOR_DIR}/)"
+            f"(it needs {METRICS_FILE} and {POSTERIOR_DIR}/) or a saved posterior "
+            f"(OUT.posterior, with {META_FILE})"
         )
     try:
         record = json.loads((run_dir / METRICS_FILE).read_text())
@@ -87,9 +98,6 @@ def read_run(run_dir: str | Path, *, device: str = "cpu") -> Run:
         raise ValueError(f"{run_dir / METRICS_FILE} is not valid JSON: {e}") from None
     if not isinstance(record, dict):
         raise ValueError(f"{run_dir / METRICS_FILE} must hold a JSON object")
-
-    from probtransformer.inference import load_posterior
-
     return Run(run_dir, record, load_posterior(run_dir / POSTERIOR_DIR, device=device))
 
 
@@ -99,12 +107,16 @@ def run_data(record: dict, run_dir: str | Path):
     ``meta``.
 
     Raises:
-        ValueError: metrics.json does not record dataset and seed, or records a ``num_train``
+        ValueError: metrics.json (a saved posterior's record) does not record dataset and
+            seed, or records a ``num_train``
             outside the training split.
     """
     from probtransformer import datasets
+    from probtransformer.inference.serialization import META_FILE
 
     metrics_file = Path(run_dir) / METRICS_FILE
+    if not metrics_file.is_file():  # a saved posterior (OUT.posterior): its record
+        metrics_file = Path(run_dir) / META_FILE
     if "dataset" not in record or "seed" not in record:
         raise ValueError(f"{metrics_file} does not record dataset and seed")
     options = {}

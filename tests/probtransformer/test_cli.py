@@ -631,6 +631,12 @@ def test_ctrl_c_while_the_fit_is_evaluated_keeps_the_fit(tmp_path, monkeypatch, 
     assert post.record["method"] == "svi" and post.record["steps_done"] == 30
     assert post.record["lr_decay"] == 1.0  # --lr-decay reached fit_svi
     assert post.predict(torch.zeros(2, T, F), num_samples=3).probs.shape == (3, 2, C)
+    assert post.record["dataset"] == "digits" and post.record["class_names"][:2] == ["0", "1"]
+    np.save(tmp_path / "x.npy", np.zeros((2, T, F), np.float32))  # predict takes the kept fit
+    args = ["predict", str(kept), "--input", str(tmp_path / "x.npy"), "--num-samples", "3"]
+    assert main([*args, "--output", str(tmp_path / "p.csv")]) == 0
+    assert list(pd.read_csv(tmp_path / "p.csv").columns) == PRED_COLUMNS
+    assert main(["diagnose", str(kept), "--num-samples", "3"]) == 0  # and diagnose
 
 
 def test_a_batch_larger_than_the_data_is_warned_about(tmp_path, capsys):

@@ -79,11 +79,13 @@ def read_csv(path: Path, max_len: int, in_features: int) -> np.ndarray:
     """
     width = max_len * in_features
     rows: list[list[float]] = []
+    header = None
     with path.open(newline="") as f:
         for line, cells in enumerate(csv.reader(f), start=1):
             if not any(cell.strip() for cell in cells):
                 continue
             if line == 1 and _is_header(cells):
+                header = cells
                 continue
             if len(cells) != width:
                 raise ValueError(
@@ -92,7 +94,11 @@ def read_csv(path: Path, max_len: int, in_features: int) -> np.ndarray:
                 )
             rows.append([_cell(value, path, line, column) for column, value in enumerate(cells)])
     if not rows:
-        raise ValueError(f"{path} holds no data rows")
+        why = "" if header is None else f" (its first line, {','.join(header)[:60]!r}, is a header)"
+        raise ValueError(
+            f"{path} holds no data rows{why}: expected rows of {width} numbers "
+            f"(T*F = {max_len}*{in_features})"
+        )
     x = np.asarray(rows, dtype=np.float32).reshape(len(rows), max_len, in_features)
     return _finite(x, path)
 

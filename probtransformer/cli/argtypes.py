@@ -31,10 +31,12 @@ positive_int = int_in(1)
 non_negative_int = int_in(0)
 
 
-def float_in(minimum: float, maximum: float, *, above: bool = False) -> Callable[[str], float]:
-    """argparse type: a finite number in ``[minimum, maximum]`` (``above``: in
-    ``(minimum, maximum]``)."""
-    interval = f"{'(' if above else '['}{minimum:g}, {maximum:g}]"
+def float_in(
+    minimum: float, maximum: float, *, above: bool = False, below: bool = False
+) -> Callable[[str], float]:
+    """argparse type: a finite number in ``[minimum, maximum]`` (``above``: ``minimum``
+    excluded; ``below``: ``maximum`` excluded)."""
+    interval = f"{'(' if above else '['}{minimum:g}, {maximum:g}{')' if below else ']'}"
 
     def parse(text: str) -> float:
         try:
@@ -42,7 +44,8 @@ def float_in(minimum: float, maximum: float, *, above: bool = False) -> Callable
         except ValueError:
             value = math.nan
         low_ok = value > minimum if above else value >= minimum
-        if not (math.isfinite(value) and low_ok and value <= maximum):
+        high_ok = value < maximum if below else value <= maximum
+        if not (math.isfinite(value) and low_ok and high_ok):
             raise argparse.ArgumentTypeError(f"expected a number in {interval}, got {text!r}")
         return value
 
@@ -51,3 +54,7 @@ def float_in(minimum: float, maximum: float, *, above: bool = False) -> Callable
 
 #: argparse type: a number in (0, 1], such as a learning-rate decay.
 fraction = float_in(0, 1, above=True)
+#: argparse type: a probability in [0, 1), such as dropout.
+probability_below_one = float_in(0, 1, below=True)
+#: argparse type: a seed of torch's and numpy's generators, in [0, 2**32).
+seed = int_in(0, 2**32 - 1)

@@ -15,7 +15,15 @@ from probtransformer.cli import predict as predict_command
 from probtransformer.cli import report as report_command
 from probtransformer.cli import serve as serve_command
 from probtransformer.cli._common import PROG
-from probtransformer.cli.argtypes import fraction, int_in, non_negative_int, positive_int
+from probtransformer.cli.argtypes import (
+    float_in,
+    fraction,
+    int_in,
+    non_negative_int,
+    positive_int,
+    probability_below_one,
+    seed,
+)
 from probtransformer.cli.help import LibraryDefaultsFormatter
 from probtransformer.cli.options import (
     INFERENCES,
@@ -179,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fit.add_argument(
         "--seed",
-        type=int,
+        type=seed,
         default=0,
         help="seeds the data split, the fit and the draws (default: %(default)s)",
     )
@@ -202,7 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     svi.add_argument("--num-steps", type=positive_int, metavar="N", help="optimisation steps")
     svi.add_argument("--batch-size", type=positive_int, metavar="N", help="sequences per step")
-    svi.add_argument("--lr", type=float, help="initial Adam learning rate")
+    svi.add_argument(
+        "--lr", type=float_in(0, 10, above=True), help="initial Adam learning rate, in (0, 10]"
+    )
     svi.add_argument(
         "--lr-decay",
         type=fraction,
@@ -297,7 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--num-heads", type=positive_int, metavar="N", help="heads per layer")
     model.add_argument("--num-layers", type=positive_int, metavar="N", help="Transformer blocks")
     model.add_argument("--d-ff", type=positive_int, metavar="N", help="feed-forward width")
-    model.add_argument("--dropout", type=float, metavar="P", help="dropout probability")
+    model.add_argument(
+        "--dropout", type=probability_below_one, metavar="P", help="dropout probability, in [0, 1)"
+    )
     model.add_argument(
         "--bayesian",
         type=_parts,
@@ -366,7 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     predict.add_argument("--output", metavar="FILE", help="CSV to write (default: stdout)")
     predict.add_argument("--num-samples", type=positive_int, metavar="S", help="posterior draws")
-    predict.add_argument("--seed", type=int, help="seeds the draws")
+    predict.add_argument("--seed", type=seed, help="seeds the draws")
 
     report = _run_command(
         commands,
@@ -385,7 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help=f"posterior draws (default: the run's, from {METRICS_FILE})",
     )
-    report.add_argument("--seed", type=int, help="seeds the draws (default: the run's seed)")
+    report.add_argument("--seed", type=seed, help="seeds the draws (default: the run's seed)")
 
     generate = _run_command(
         commands,
@@ -421,7 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
         "of the posterior predictive average",
     )
     generate.add_argument("--num-samples", type=int, metavar="S", help="posterior draws")
-    generate.add_argument("--seed", type=int, metavar="N", help="seeds the draws and sampling")
+    generate.add_argument("--seed", type=seed, metavar="N", help="seeds the draws and sampling")
     generate.add_argument(
         "--output", metavar="CSV", help="write the per-token table to this CSV file instead"
     )

@@ -183,7 +183,7 @@ def test_fit_help_shows_the_library_defaults(capsys):
     preset, nuts = mcmc_preset(), mcmc_preset("nuts")
     for option, default, task in (
         ("--num-steps N optimisation steps", fit["num_steps"].default, TaggingTask),
-        ("--lr LR initial Adam learning rate", fit["lr"].default, TaggingTask),
+        ("--lr LR initial Adam learning rate, in (0, 10]", fit["lr"].default, TaggingTask),
         (
             "--lr-decay F final learning rate as a fraction of --lr, in (0, 1]; 1 holds it "
             "constant",
@@ -196,7 +196,8 @@ def test_fit_help_shows_the_library_defaults(capsys):
         shown = task.fit_preset[key]
         assert f"tagging: {shown}" in text or f"tagging, language-modeling: {shown}" in text
     # the text models' own defaults of model options
-    assert "dropout probability (default: 0.1; tagging, language-modeling: 0.0; mcmc: 0.0)" in text
+    dropout = "dropout probability, in [0, 1) (default: 0.1; tagging, language-modeling: 0.0; mcmc:"
+    assert dropout in text
     # MCMC-only options: the preset kernel's value first, then kernels whose preset differs
     assert CHEES_TARGET_ACCEPT == 0.651 and mcmc["map_steps"].default == 1000
     for option, shown in (
@@ -811,12 +812,13 @@ def test_predict_csv_without_header(run, splits, tmp_path):
         (["--num-steps", "0"], {}, "integer >= 1"),
         (["--num-samples", "-3"], {}, "integer >= 1"),
         (["--device", "tpu"], {}, "--device"),
-        (["--lr", "fast"], {}, "argument --lr: invalid float"),
+        (["--lr", "fast"], {}, "argument --lr: expected a number in (0, 10], got 'fast'"),
         (["--inference", "map", "--guide", "normal"], {}, "guide 'delta'"),
         (["--bayesian", "attention,wings"], {}, "unknown ['wings']"),
         (["--d-model", "15", "--num-heads", "2"], {}, "multiple of num_heads"),
-        (["--dropout", "1.5"], {}, "dropout must be in [0, 1)"),
-        (["--lr", "-1"], {}, "lr must be a finite number > 0"),
+        (["--dropout", "1.5"], {}, "argument --dropout: expected a number in [0, 1), got '1.5'"),
+        (["--lr", "-1"], {}, "argument --lr: expected a number in (0, 10], got '-1'"),
+        (["--seed", "-1"], {}, "argument --seed: expected an integer >= 0, got '-1'"),
         (["--out", ""], {}, "--out must name a directory, got an empty string"),
         (["--out", "taken"], {"taken": "a file"}, "not a directory"),
         (["--out", "taken/run"], {"taken": "a file"}, "not a writable directory"),
@@ -856,7 +858,9 @@ def test_failed_write_keeps_the_previous_run(tmp_path, monkeypatch, capsys, one_
     before = _listing(tmp_path)
     monkeypatch.setattr(probtransformer.plots, "save_figure", disk_full)
     assert main(["fit", *TINY, "--num-steps", "2"]) == 2
-    assert "No space left on device" in one_error_line(capsys)
+    notice, error = capsys.readouterr().err.splitlines()
+    assert "holds an earlier run; this fit replaces it once it is written" in notice
+    assert "No space left on device" in error
     assert _listing(tmp_path) == before  # old run intact, staging directory removed
 
 

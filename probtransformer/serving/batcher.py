@@ -1,14 +1,15 @@
 """An asyncio micro-batcher: concurrent requests with equal keys run as one call on one worker.
 
 Every request is a ``(key, payload, rows)``. The batcher takes the oldest waiting request, waits
-at most ``max_wait`` seconds from its arrival (or from when the worker became free) for more
-requests with the same key (or until their rows reach ``max_rows``), and runs them together as
-``run_batch(payloads)`` on the worker thread. Requests with other keys wait for their own batch,
-oldest first. While a batch runs, new requests queue up, so a busy server batches more without
-waiting longer. A lone request (the last batch held one request and no other arrived within
-``max_wait`` before it) runs at once, so a single client pays no wait. All model work of the
-server runs on that one worker thread, in order (``Pyro``'s global state is not thread-safe);
-``run_on_worker`` queues other work (a text generation) on it.
+until ``max_wait`` seconds after its arrival for more requests with the same key (or until
+their rows reach ``max_rows``), and runs them together as ``run_batch(payloads)`` on the worker
+thread. Requests with other keys wait for their own batch, oldest first. While a batch runs,
+new requests queue up, so a busy server batches more without waiting longer: a request that
+waited through a pass has had its window and runs as soon as the worker is free. A lone
+request (the last batch held one request and no other arrived within ``max_wait`` before it)
+runs at once, so a single client pays no wait. All model work of the server runs on that one
+worker thread, in order (``Pyro``'s global state is not thread-safe); ``run_on_worker`` queues
+other work (a text generation) on it.
 
 Like the dynamic batching of model servers (Triton's ``max_queue_delay_microseconds``), but
 keyed: requests merge only when they ask for the same draws and flags. Requests whose merged
@@ -117,7 +118,6 @@ class MicroBatcher:
 
     async def _serve(self) -> None:
         loop = asyncio.get_running_loop()
-        free_since = loop.time()
         while True:
             while self._pending and self._pending[0].future.done():
                 self._pending.popleft()  # its client left
@@ -126,15 +126,16 @@ class MicroBatcher:
                 await self._arrived.wait()
                 continue
             first = self._pending[0]
-            # the window opens when the request is there and the worker is free; a lone request
-            # (the last batch was one request, none other came within a window before it, none
-            # waits beside it) runs at once: a single client pays no wait
+            # the window closes max_wait after the request arrived (a request that waited through
+            # a pass runs at once); a lone request (the last batch was one request, none other
+            # came within a window before it, none waits beside it) runs at once: a single
+            # client pays no wait
             lone = (
                 self._last_batch_requests == 1
                 and first.gap >= self.max_wait
                 and len(self._pending) == 1
             )
-            deadline = first.arrived if lone else max(first.arrived, free_since) + self.max_wait
+            deadline = first.arrived if lone else first.arrived + self.max_wait
             while self._rows_waiting(first.key) < self.max_rows and not first.future.done():
                 remaining = deadline - loop.time()
                 if remaining <= 0:
@@ -152,7 +153,6 @@ class MicroBatcher:
                 self._running, self._left = batch, threading.Event()
                 outcomes = await loop.run_in_executor(self._worker, self._run, batch, self._left)
                 self._running = []
-                free_since = loop.time()
                 for request, (ok, value) in zip(batch, outcomes, strict=True):
                     if request.future.done():  # the client went away
                         continue

@@ -147,3 +147,30 @@ def test_a_lone_request_runs_at_once_and_a_close_follower_waits_for_company():
 
     assert _run(scenario) == [2, 3]
     assert calls == [[1], [2, 3]]
+
+
+def test_a_request_that_waited_through_a_pass_runs_as_soon_as_the_worker_is_free():
+    """Its window (0.5 s from arrival) closed during the 1-s pass: it does not wait another
+    window for company when the worker frees (a later request is not merged into it)."""
+    calls = []
+
+    def run_batch(payloads, abandoned):
+        calls.append(list(payloads))
+        if payloads == [1]:
+            time.sleep(1.0)
+        return payloads
+
+    async def scenario():
+        batcher = MicroBatcher(run_batch, max_rows=8, max_wait=0.5)
+        batcher.start()
+        first = asyncio.ensure_future(batcher.submit("k", 1, 1))  # lone: runs at once
+        await asyncio.sleep(0.1)
+        second = asyncio.ensure_future(batcher.submit("k", 2, 1))
+        await asyncio.sleep(1.1)  # the pass ended at about 1.0 s
+        third = asyncio.ensure_future(batcher.submit("k", 3, 1))
+        results = await asyncio.wait_for(asyncio.gather(first, second, third), timeout=10)
+        await batcher.stop()
+        return results
+
+    assert _run(scenario) == [1, 2, 3]
+    assert calls == [[1], [2], [3]]

@@ -33,4 +33,8 @@ def test_checkpoint_resumes_to_the_same_elbo(digits):
         progress=False,
         resume_from=FIXTURE / "checkpoint",
     )
-    assert post.record["elbo"] == expected
+    # Float32 sums round differently across CPUs (CI's differed from ours in the 8th digit at
+    # step 10); a different RNG stream or optimiser state would differ from step 1 by far more.
+    torch.testing.assert_close(
+        torch.tensor(post.record["elbo"]), torch.tensor(expected), rtol=1e-6, atol=0
+    )

@@ -46,14 +46,11 @@ def read_npy(path: Path, in_features: int) -> np.ndarray:
     Raises:
         ValueError: not a numeric .npy array, another shape, no rows, or NaN/inf values.
     """
-    try:
-        x = np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as e:
-        raise ValueError(f"cannot read {path} as a .npy array: {e}") from None
-    if not isinstance(x, np.ndarray) or x.dtype.kind != "f":
+    x = load_npy(path)
+    if x.dtype.kind != "f":
         raise ValueError(
             f"{path} must hold floating-point features (as the model was trained on), got dtype "
-            f"{getattr(x, 'dtype', type(x).__name__)}"
+            f"{x.dtype}"
         )
     if x.ndim != 3 or x.shape[2] != in_features or 0 in x.shape:
         raise ValueError(
@@ -61,6 +58,37 @@ def read_npy(path: Path, in_features: int) -> np.ndarray:
             f"got {x.shape}"
         )
     return _finite(x.astype(np.float32), path)
+
+
+#: The first bytes of every .npy file, and of a zip archive such as a .npz.
+NPY_MAGIC, ZIP_MAGIC = b"\x93NUMPY", b"PK\x03\x04"
+
+
+def load_npy(path: Path) -> np.ndarray:
+    """The array of a .npy file, read as .npy only and never unpickled (``numpy.load`` would
+    also open a .npz archive, and try pickle on any other file).
+
+    Raises:
+        ValueError: not a .npy file (a .npz archive is named as one), a truncated file, or an
+            array of Python objects.
+    """
+    try:
+        with path.open("rb") as f:
+            magic = f.read(len(NPY_MAGIC))
+            if magic != NPY_MAGIC:
+                what = "a .npz archive" if magic.startswith(ZIP_MAGIC) else "not a .npy file"
+                raise ValueError(
+                    f"{path} is {what} (it does not start with numpy's {NPY_MAGIC!r}): save "
+                    "one array with numpy.save"
+                )
+            f.seek(0)
+            return np.lib.format.read_array(f, allow_pickle=False)
+    except OSError as e:
+        raise ValueError(f"cannot read {path}: {e.strerror or e}") from None
+    except ValueError as e:
+        if str(e).startswith(str(path)):
+            raise
+        raise ValueError(f"cannot read {path} as a .npy array: {e}") from None
 
 
 def read_csv(path: Path, max_len: int, in_features: int) -> np.ndarray:
@@ -74,8 +102,8 @@ def read_csv(path: Path, max_len: int, in_features: int) -> np.ndarray:
         float32 array of shape (N, max_len, in_features).
 
     Raises:
-        ValueError: a row with another number of columns, a missing or non-numeric value, no
-            rows, or NaN/inf values.
+        ValueError: a row with another number of columns or separated by another character
+            than commas, a missing or non-numeric value, no rows, or NaN/inf values.
     """
     width = max_len * in_features
     rows: list[list[float]] = []
@@ -84,6 +112,11 @@ def read_csv(path: Path, max_len: int, in_features: int) -> np.ndarray:
         for line, cells in enumerate(csv.reader(f), start=1):
             if not any(cell.strip() for cell in cells):
                 continue
+            if len(cells) == 1 and width > 1 and (other := _other_delimiter(cells[0])):
+                raise ValueError(
+                    f"{path} line {line}: numbers separated by {other!r}; separate the {width} "
+                    "values of a row with commas"
+                )
             if line == 1 and _is_header(cells):
                 header = cells
                 continue
@@ -108,6 +141,15 @@ def _is_header(cells: list[str]) -> bool:
     if not any(_is_number(cell) for cell in cells):
         return True
     return [cell.strip() for cell in cells] == [str(i) for i in range(len(cells))]
+
+
+def _other_delimiter(text: str) -> str | None:
+    """The separator, other than a comma, of a line that holds only numbers, if any."""
+    for delimiter in (";", "\t", " "):
+        values = text.strip().split(delimiter)
+        if len(values) > 1 and all(_is_number(value) for value in values if value):
+            return delimiter
+    return None
 
 
 def _is_number(text: str) -> bool:

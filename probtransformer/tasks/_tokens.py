@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from probtransformer.tasks._base import TOKEN_INFERENCE_DATA_ROWS, Task
+from probtransformer.tasks._features import load_npy
 
 #: Sequences per ``predict`` call for token-level models: their ``Prediction.probs`` is
 #: ``(S, N, T, V)`` (100 draws x 32 windows x 64 steps x 101 characters: about 80 MB).
@@ -105,14 +106,10 @@ class TokenTask(Task):
         Raises:
             ValueError: not an integer .npy array, another shape, or no rows.
         """
-        try:
-            x = np.load(path, allow_pickle=False)
-        except (ValueError, OSError, EOFError) as e:
-            raise ValueError(f"cannot read {path} as a .npy array: {e}") from None
-        if not isinstance(x, np.ndarray) or x.dtype.kind not in "iu":
+        x = load_npy(path)
+        if x.dtype.kind not in "iu":
             raise ValueError(
-                f"{path} must hold integer token ids for a {self.name} run, got dtype "
-                f"{getattr(x, 'dtype', type(x).__name__)}"
+                f"{path} must hold integer token ids for a {self.name} run, got dtype {x.dtype}"
             )
         if x.ndim != 2 or 0 in x.shape:
             raise ValueError(

@@ -880,6 +880,12 @@ def _csv(*rows: list[str]) -> str:
     return "\n".join(",".join(row) for row in rows) + "\n"
 
 
+def _npz() -> bytes:
+    archive = io.BytesIO()
+    np.savez(archive, x=np.zeros((2, T, F), np.float32))
+    return archive.getvalue()
+
+
 @pytest.mark.parametrize(
     "name, content, message",
     [
@@ -899,13 +905,17 @@ def _csv(*rows: list[str]) -> str:
         ("x.npy", np.zeros((2, T + 1, F), np.float32), "max_len=8"),
         ("x.npy", np.array([{"a": 1}], dtype=object), "cannot read"),
         ("x.npy", np.zeros((2, T, F), np.int64), "floating-point features"),
-        ("x.npy", "not an array\n", "cannot read"),
+        ("x.npy", "not an array\n", "x.npy is not a .npy file (it does not start with numpy"),
+        ("x.npy", _npz(), "x.npy is a .npz archive"),
+        ("x.csv", ";".join(_row()) + "\n", "line 1: numbers separated by ';'; separate the 64"),
     ],
 )
 def test_predict_bad_input(name, content, message, run, tmp_path, capsys, one_error_line):
     path = tmp_path / name
     if isinstance(content, np.ndarray):
         np.save(path, content, allow_pickle=True)
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
     elif content is not None:
         path.write_text(content)
     before = _listing(tmp_path)

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import inspect
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
 
 from probtransformer import priors
@@ -47,7 +49,8 @@ class EncoderConfig:
 
     Raises:
         ValueError: both or neither of ``in_features`` and ``vocab_size``; a size < 1 (``d_ff``
-            < 0); sizes whose weights alone would not fit in this machine's memory;
+            < 0); sizes whose weights alone (or held as often as ``memory_use`` says) would
+            not fit in this machine's memory;
             ``dropout`` outside [0, 1); a ``grid`` that is not two sizes; an unknown
             ``bayesian`` part, or a part that ``layer_norm=False`` or ``d_ff=0`` removes.
         TypeError: ``in_features`` not an int; ``layer_norm`` or ``hard_attention`` not a bool;
@@ -160,7 +163,7 @@ class EncoderConfig:
         if "ffn" in parts and not d_ff:
             raise ValueError("bayesian includes 'ffn', but d_ff=0 drops the feed-forward layers")
         object.__setattr__(self, "bayesian", parts)
-        _check_fits_in_memory(self)
+        check_fits_in_memory(self)
 
     @property
     def input_sizes(self) -> dict[str, int]:
@@ -287,14 +290,40 @@ def takes_encoder_options(init: Callable | None = None, /, **defaults) -> Callab
     return checked
 
 
-def _check_fits_in_memory(config: EncoderConfig) -> None:
-    """Refuse sizes whose weights alone (float32, one copy, embeddings and encoder blocks)
-    exceed the machine's physical memory, before any of them is allocated.
+#: float32 copies of every weight that fitting holds at least: the guide's location and scale,
+#: their gradients, and Adam's two moments of each (MCMC's chains hold position, momentum and
+#: gradient per chain, more than this from 3 chains on).
+FIT_COPIES = 8
+
+
+_MEMORY_USE: contextvars.ContextVar[tuple[int, str]] = contextvars.ContextVar(
+    "memory_use", default=(1, "")
+)
+
+
+@contextlib.contextmanager
+def memory_use(copies: int, use: str) -> Iterator[None]:
+    """Within it, every ``EncoderConfig`` checks that its weights fit in memory ``copies``
+    times (for example ``FIT_COPIES`` times, ``use="fitting"``), so a model too large to fit is
+    refused before it is built, rather than after its point estimates are allocated."""
+    token = _MEMORY_USE.set((copies, use))
+    try:
+        yield
+    finally:
+        _MEMORY_USE.reset(token)
+
+
+def check_fits_in_memory(config: EncoderConfig) -> None:
+    """Refuse sizes whose weights (embeddings and encoder blocks, float32), held once or as
+    many times as ``memory_use`` says, exceed the machine's physical memory, before any of
+    them is allocated.
 
     Raises:
         ValueError: naming the estimate and the memory.
     """
     import os
+
+    copies, use = _MEMORY_USE.get()
 
     try:
         memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -303,9 +332,11 @@ def _check_fits_in_memory(config: EncoderConfig) -> None:
     d, inputs = config.d_model, config.in_features or config.vocab_size
     per_block = 4 * d * (d + 1) + 2 * d * config.d_ff + config.d_ff + d * (config.conv_kernel + 5)
     weights = config.num_layers * per_block + 2 * inputs * d + config.max_len * d
-    if 4 * weights > memory:
+    needed = 4 * copies * weights
+    if needed > memory:
+        held = f"; {use} holds {copies} copies of each" if copies > 1 else ""
         raise ValueError(
             f"d_model={d}, d_ff={config.d_ff}, num_layers={config.num_layers} give at least "
-            f"{weights:.3g} weights ({4 * weights / 2**30:,.0f} GiB in float32), more than this "
-            f"machine's {memory / 2**30:,.0f} GiB of memory: choose smaller sizes"
+            f"{weights:.3g} weights{held} ({needed / 2**30:,.0f} GiB in float32), more than "
+            f"this machine's {memory / 2**30:,.0f} GiB of memory: choose smaller sizes"
         )

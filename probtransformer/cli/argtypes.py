@@ -12,16 +12,16 @@ from probtransformer.validation import check_int
 def int_in(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
     """argparse type: an integer >= ``minimum`` (and <= ``maximum`` when given)."""
 
+    expected = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+
     def parse(text: str) -> int:
         try:
             value = int(text)
             check_int("value", value, minimum=minimum)
         except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"expected an integer >= {minimum}, got {text!r}"
-            ) from None
-        if maximum is not None and value > maximum:
-            raise argparse.ArgumentTypeError(f"expected an integer <= {maximum}, got {text!r}")
+            value = None
+        if value is None or (maximum is not None and value > maximum):
+            raise argparse.ArgumentTypeError(f"expected an integer {expected}, got {text!r}")
         return value
 
     return parse

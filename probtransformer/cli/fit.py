@@ -135,7 +135,10 @@ def _run(
             f"--batch-size {asked_batch_size} exceeds the {len(splits.train)} training rows: "
             "every step uses all of them"
         )
-    model = task.build_model(meta, _model_options(args), model=args.model)
+    from probtransformer.models._config import FIT_COPIES, memory_use
+
+    with memory_use(FIT_COPIES, "fitting"):  # a model too large to fit is refused unbuilt
+        model = task.build_model(meta, _model_options(args), model=args.model)
     with _intra_op_threads(args.threads):
         start = time.perf_counter()
         if args.inference == "mcmc":

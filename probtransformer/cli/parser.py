@@ -44,6 +44,9 @@ from probtransformer.tasks.language_modeling import SAMPLES_FILE
 
 #: ``--threads`` at most (torch crashes on absurd thread counts; no machine has more cores).
 MAX_THREADS = 1024
+#: ``--num-layers`` at most: ten times the deepest GPT-3; building 100,000 blocks took minutes
+#: of Python before any check on memory could run.
+MAX_LAYERS = 1024
 
 #: --model: "auto" (each task's own model) and the variants some tasks offer.
 MODELS = tuple(dict.fromkeys(model for task in TASKS.values() for model in task.models))
@@ -305,7 +308,12 @@ def build_parser() -> argparse.ArgumentParser:
     model = fit.add_argument_group("model")
     model.add_argument("--d-model", type=positive_int, metavar="N", help="model width")
     model.add_argument("--num-heads", type=positive_int, metavar="N", help="heads per layer")
-    model.add_argument("--num-layers", type=positive_int, metavar="N", help="Transformer blocks")
+    model.add_argument(
+        "--num-layers",
+        type=int_in(1, MAX_LAYERS),
+        metavar="N",
+        help=f"Transformer blocks, at most {MAX_LAYERS:,}",
+    )
     model.add_argument("--d-ff", type=positive_int, metavar="N", help="feed-forward width")
     model.add_argument(
         "--dropout", type=probability_below_one, metavar="P", help="dropout probability, in [0, 1)"

@@ -8,6 +8,7 @@ import contextlib
 import inspect
 import io
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -607,9 +608,20 @@ def test_a_model_too_large_for_memory_is_refused_before_it_is_built(tmp_path, ca
     assert "more than this machine's" in capsys.readouterr().err and not out.exists()
 
 
+def test_a_model_too_large_to_fit_is_refused_before_it_is_built(tmp_path, capsys):
+    # weights (about 2 * 16 * d_ff in one block) fill a quarter of memory: the model alone
+    # fits once, but not the 8 copies fitting holds, and nothing is allocated to find out
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    d_ff = memory // (4 * 4 * 2 * 16)
+    out = tmp_path / "run"
+    assert main(["fit", "--out", str(out), *TINY, "--d-ff", str(d_ff)]) == 2
+    err = capsys.readouterr().err
+    assert "fitting holds 8 copies of each" in err and not out.exists()
+
+
 def test_absurd_thread_counts_are_refused_before_anything_runs(capsys):
     assert main(["fit", "--threads", "100000000"]) == 2
-    assert "--threads: expected an integer <= 1024, got '100000000'" in capsys.readouterr().err
+    assert "--threads: expected an integer in [1, 1024], got '100000000'" in capsys.readouterr().err
 
 
 def test_ctrl_c_while_the_fit_is_evaluated_keeps_the_fit(tmp_path, monkeypatch, capsys):
@@ -818,7 +830,8 @@ def test_predict_csv_without_header(run, splits, tmp_path):
         (["--d-model", "15", "--num-heads", "2"], {}, "multiple of num_heads"),
         (["--dropout", "1.5"], {}, "argument --dropout: expected a number in [0, 1), got '1.5'"),
         (["--lr", "-1"], {}, "argument --lr: expected a number in (0, 10], got '-1'"),
-        (["--seed", "-1"], {}, "argument --seed: expected an integer >= 0, got '-1'"),
+        (["--seed", "-1"], {}, "--seed: expected an integer in [0, 4294967295], got '-1'"),
+        (["--num-layers", "100000"], {}, "--num-layers: expected an integer in [1, 1024]"),
         (["--out", ""], {}, "--out must name a directory, got an empty string"),
         (["--out", "taken"], {"taken": "a file"}, "not a directory"),
         (["--out", "taken/run"], {"taken": "a file"}, "not a writable directory"),

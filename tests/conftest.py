@@ -41,17 +41,26 @@ def small_posterior(digits) -> Posterior:
     return fit_svi(model, digits.train[:SMALL_TRAIN_ROWS], **SMALL_FIT)
 
 
-@pytest.fixture
-def one_error_line():
-    """A function of ``capsys`` that checks the CLI printed nothing to stdout and exactly one
-    ``probtransformer: error: ...`` line to stderr, and returns that line."""
-
+def _one_line(label: str):
     def read(capsys) -> str:
         out, err = capsys.readouterr()
         assert out == ""
         lines = err.splitlines()
         assert len(lines) == 1, err
-        assert lines[0].startswith("probtransformer: error: ")
+        assert lines[0].startswith(f"probtransformer: {label}: ")
         return lines[0]
 
     return read
+
+
+@pytest.fixture
+def one_error_line():
+    """A function of ``capsys`` that checks the CLI printed nothing to stdout and exactly one
+    ``probtransformer: error: ...`` line to stderr, and returns that line."""
+    return _one_line("error")
+
+
+@pytest.fixture
+def one_stop_line():
+    """As ``one_error_line``, for the ``probtransformer: stopped: ...`` line of a Ctrl-C."""
+    return _one_line("stopped")

@@ -49,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt as e:
         message = str(e).replace("(resume_from=...)", "(continue with --resume-from it)")
         message = message.replace("checkpoint_every=N", "--checkpoint-every N")
-        return _fail(KeyboardInterrupt(message or "interrupted; nothing was written"), 130)
+        return _fail(KeyboardInterrupt(message or "nothing was written"), 130, "stopped")
     finally:
         warnings.formatwarning = formatwarning
     return status or 0
@@ -67,9 +67,11 @@ def _out_of_memory(error: RuntimeError) -> bool:
     return isinstance(error, torch.OutOfMemoryError) or "can't allocate memory" in str(error)
 
 
-def _fail(error: Exception, status: int) -> int:
+def _fail(error: Exception, status: int, label: str = "error") -> int:
+    """Print ``PROG: label: message`` (``stopped`` for a Ctrl-C, which is no error) and return
+    ``status``."""
     message = " ".join(str(error).split()) or type(error).__name__
     if os.environ.get("WORLD_SIZE", "1") != "1":  # under torchrun: every rank may say it
         message = f"[rank {os.environ.get('RANK', '?')}] {message}"
-    print(f"{PROG}: error: {message}", file=sys.stderr)
+    print(f"{PROG}: {label}: {message}", file=sys.stderr)
     return status

@@ -197,10 +197,10 @@ def _serve(args: argparse.Namespace, listening: socket.socket, api_key: str | No
         logging.getLogger("uvicorn.error").removeFilter(quiet)
     if server.force_exit:  # a second Ctrl-C, after which uvicorn may return instead of raising
         raise KeyboardInterrupt(
-            "stopped at once; requests in flight were answered 503 with Retry-After"
+            "at once, by a second Ctrl-C; the requests in flight were answered 503 with Retry-After"
         )
     if interrupted:
-        raise KeyboardInterrupt("stopped; the requests in flight were answered")
+        raise KeyboardInterrupt("the requests in flight were answered")
 
 
 class _ForcedExitTraceback(logging.Filter):

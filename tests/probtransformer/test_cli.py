@@ -659,25 +659,25 @@ def test_a_batch_larger_than_the_data_is_warned_about(tmp_path, capsys):
 
 
 def test_ctrl_c_mid_fit_without_checkpoints_says_nothing_was_saved(
-    tmp_path, monkeypatch, capsys, one_error_line
+    tmp_path, monkeypatch, capsys, one_stop_line
 ):
     def impatient(*args, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(torch.optim.Adam, "step", impatient)
     assert main(["fit", "--out", str(tmp_path / "run"), *TINY]) == 130
-    line = one_error_line(capsys)
+    line = one_stop_line(capsys)
     assert "interrupted at step 0; nothing was saved (--checkpoint-every N keeps" in line
     assert not (tmp_path / "run").exists()
 
 
 def test_mcmc_interrupted_before_a_draw_writes_nothing(
-    tmp_path, monkeypatch, capsys, one_error_line
+    tmp_path, monkeypatch, capsys, one_stop_line
 ):
     _interrupt_after(monkeypatch, 2)  # during warmup
     monkeypatch.chdir(tmp_path)
     assert main(["fit", *TINY_MCMC, "--num-chains", "1"]) == 130
-    assert "interrupted before the first draw" in one_error_line(capsys)
+    assert "interrupted before the first draw" in one_stop_line(capsys)
     assert _listing(tmp_path) == set()
 
 

@@ -123,7 +123,9 @@ class Client:
         """The posterior predictive, as ``Posterior.predict`` returns it (draws included).
 
         Inputs of more rows than the server takes in one request are sent in pieces, each with
-        the same draws (``seed``).
+        the same draws (``seed``). Draws are not split: ``num_samples`` is at most the server's
+        limit (``serving.limits.MAX_NUM_SAMPLES``, 1,000), beyond which the server answers 422
+        and this raises ``ValueError``; more draws need the run loaded in Python.
 
         Returns:
             ``Prediction`` with ``probs (S, N, C)`` (``(S, N, T, C)`` for token models), or

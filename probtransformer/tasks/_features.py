@@ -75,20 +75,19 @@ def load_npy(path: Path) -> np.ndarray:
     try:
         with path.open("rb") as f:
             magic = f.read(len(NPY_MAGIC))
-            if magic != NPY_MAGIC:
-                what = "a .npz archive" if magic.startswith(ZIP_MAGIC) else "not a .npy file"
-                raise ValueError(
-                    f"{path} is {what} (it does not start with numpy's {NPY_MAGIC!r}): save "
-                    "one array with numpy.save"
-                )
-            f.seek(0)
-            return np.lib.format.read_array(f, allow_pickle=False)
+            if magic == NPY_MAGIC:
+                f.seek(0)
+                try:
+                    return np.lib.format.read_array(f, allow_pickle=False)
+                except (ValueError, EOFError) as e:  # truncated, or Python objects
+                    raise ValueError(f"cannot read {path} as a .npy array: {e}") from None
     except OSError as e:
         raise ValueError(f"cannot read {path}: {e.strerror or e}") from None
-    except ValueError as e:
-        if str(e).startswith(str(path)):
-            raise
-        raise ValueError(f"cannot read {path} as a .npy array: {e}") from None
+    what = "a .npz archive" if magic.startswith(ZIP_MAGIC) else "not a .npy file"
+    raise ValueError(
+        f"{path} is {what} (it does not start with numpy's {NPY_MAGIC!r}): save one array "
+        "with numpy.save"
+    )
 
 
 def read_csv(path: Path, max_len: int, in_features: int) -> np.ndarray:

@@ -17,17 +17,13 @@ from typing import Any
 
 from probtransformer.cli._common import PROG, CLIError, given, warn
 from probtransformer.cli.options import (
-    CHECKPOINT_OPTIONS,
     DISTRIBUTED_INFERENCE,
-    ENSEMBLE_OPTIONS,
     INFERENCE_GUIDES,
-    KERNEL_OPTIONS,
     MANY_CHAIN_KERNELS,
     MAP_FITS,
-    MCMC_OPTIONS,
-    SVI_OPTIONS,
-    applies,
-    mcmc_preset,
+    check_applicable,
+    with_mcmc_preset,
+    with_preset,
 )
 from probtransformer.cli.rundir import check_out, is_run_dir, write_run
 
@@ -53,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     from probtransformer.tasks import TASKS, task_for_dataset
 
     task = task_for_dataset(args.dataset)
-    _check_applicable(args, task, TASKS)
+    check_applicable(args, task, TASKS)
     guide = INFERENCE_GUIDES.get(args.inference)
     if guide is not None and args.guide not in (None, guide):
         raise CLIError(
@@ -68,9 +64,9 @@ def run(args: argparse.Namespace) -> int:
         warn(f"--out {target} holds an earlier run; this fit replaces it once it is written")
     asked_batch_size = args.batch_size  # before the preset fills it in
     if args.inference == "mcmc":
-        args = _with_mcmc_preset(args)
+        args = with_mcmc_preset(args)
     else:
-        args = _with_preset(args, task.fit_preset)
+        args = with_preset(args, task.fit_preset)
     parallel = _joined_process_group(args)
     try:
         return _run(args, task, guide, target, parallel, asked_batch_size)
@@ -269,68 +265,6 @@ def _prediction_draws(post, num_samples: int | None) -> int | None:
     if num_samples is None and post.samples is not None:
         return math.prod(next(iter(post.samples.values())).shape[:2])  # chains x draws
     return num_samples
-
-
-def _option(dest: str) -> str:
-    return "--" + dest.replace("_", "-")
-
-
-def _check_applicable(args: argparse.Namespace, task, tasks: dict) -> None:
-    """Refuse a --model of other tasks, settings of the other inference method, or of other
-    MCMC kernels (``KERNEL_OPTIONS``; the kernel left unset is the preset's).
-
-    Raises:
-        CLIError: naming the options that were given but do not apply.
-    """
-    if args.model not in task.models:
-        offering = [name for name, other in tasks.items() if args.model in other.models]
-        raise CLIError(
-            f"--model {args.model} applies to {' and '.join(offering)} datasets, not "
-            f"{args.dataset} ({task.name})"
-        )
-    if args.inference == "mcmc":
-        options = [_option(d) for d in SVI_OPTIONS if getattr(args, d) is not None]
-        applies_to = "--inference svi, map, mc-dropout and ensemble"
-    else:
-        options = [_option(d) for d in MCMC_OPTIONS if getattr(args, d) is not None]
-        applies_to = "--inference mcmc"
-    if not options and args.inference not in ("svi", "map"):
-        options = [_option(d) for d in CHECKPOINT_OPTIONS if getattr(args, d) is not None]
-        applies_to = "--inference svi and map"
-    if not options and args.inference != "ensemble":
-        options = [_option(d) for d in ENSEMBLE_OPTIONS if getattr(args, d) is not None]
-        applies_to = "--inference ensemble"
-    if options:
-        verb = "applies" if len(options) == 1 else "apply"
-        raise CLIError(f"{', '.join(options)} {verb} to {applies_to}, not {args.inference}")
-    kernel = args.kernel or mcmc_preset()["kernel"]
-    for dest, kernels in KERNEL_OPTIONS.items():
-        if getattr(args, dest) is not None and not applies(dest, kernel):
-            names = (
-                ", ".join(kernels[:-1]) + f" and {kernels[-1]}" if len(kernels) > 1 else kernels[0]
-            )
-            raise CLIError(f"{_option(dest)} applies to --kernel {names}, not {kernel}")
-
-
-def _with_mcmc_preset(args: argparse.Namespace) -> argparse.Namespace:
-    """``args`` with the options left unset taken from ``mcmc_preset`` of ``--kernel`` (unset:
-    the preset's kernel), except ``--num-starts`` when ``--num-chains`` or ``--init`` is given."""
-    # the preset's starts fit its own chains and init; with either changed, the library's
-    # default (one start per chain, one for "map") fits the user's
-    preset = mcmc_preset(args.kernel or mcmc_preset()["kernel"])
-    if args.num_chains is not None or args.init is not None:
-        preset.pop("num_starts", None)
-    return _with_preset(args, preset)
-
-
-def _with_preset(args: argparse.Namespace, preset: dict[str, Any]) -> argparse.Namespace:
-    """``args`` with the options left unset taken from ``preset`` (a task's ``fit_preset``, or
-    the MCMC preset)."""
-    args = argparse.Namespace(**vars(args))
-    for dest, value in preset.items():
-        if getattr(args, dest) is None:
-            setattr(args, dest, value)
-    return args
 
 
 @contextlib.contextmanager

@@ -1,10 +1,14 @@
-"""Which ``fit`` options belong to which inference method, the library functions whose defaults
-unset options take, and the MCMC preset."""
+"""Which ``fit`` options belong to which inference method (and the check that the given ones
+apply), the library functions whose defaults unset options take, and the presets that fill the
+unset ones."""
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
 from typing import Any
+
+from probtransformer.cli._common import CLIError
 
 INFERENCES = ("svi", "map", "mcmc", "mc-dropout", "ensemble")
 #: None: the guide is --guide's (or fit_svi's); the baselines are MAP fits (AutoDelta)
@@ -131,6 +135,68 @@ def mcmc_preset(kernel: str = "chees") -> dict[str, Any]:
             jit_compile=True,
         )
     return {dest: value for dest, value in preset.items() if applies(dest, kernel)}
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def check_applicable(args: argparse.Namespace, task, tasks: dict) -> None:
+    """Refuse a --model of other tasks, settings of the other inference method, or of other
+    MCMC kernels (``KERNEL_OPTIONS``; the kernel left unset is the preset's).
+
+    Raises:
+        CLIError: naming the options that were given but do not apply.
+    """
+    if args.model not in task.models:
+        offering = [name for name, other in tasks.items() if args.model in other.models]
+        raise CLIError(
+            f"--model {args.model} applies to {' and '.join(offering)} datasets, not "
+            f"{args.dataset} ({task.name})"
+        )
+    if args.inference == "mcmc":
+        options = [_flag(d) for d in SVI_OPTIONS if getattr(args, d) is not None]
+        applies_to = "--inference svi, map, mc-dropout and ensemble"
+    else:
+        options = [_flag(d) for d in MCMC_OPTIONS if getattr(args, d) is not None]
+        applies_to = "--inference mcmc"
+    if not options and args.inference not in ("svi", "map"):
+        options = [_flag(d) for d in CHECKPOINT_OPTIONS if getattr(args, d) is not None]
+        applies_to = "--inference svi and map"
+    if not options and args.inference != "ensemble":
+        options = [_flag(d) for d in ENSEMBLE_OPTIONS if getattr(args, d) is not None]
+        applies_to = "--inference ensemble"
+    if options:
+        verb = "applies" if len(options) == 1 else "apply"
+        raise CLIError(f"{', '.join(options)} {verb} to {applies_to}, not {args.inference}")
+    kernel = args.kernel or mcmc_preset()["kernel"]
+    for dest, kernels in KERNEL_OPTIONS.items():
+        if getattr(args, dest) is not None and not applies(dest, kernel):
+            names = (
+                ", ".join(kernels[:-1]) + f" and {kernels[-1]}" if len(kernels) > 1 else kernels[0]
+            )
+            raise CLIError(f"{_flag(dest)} applies to --kernel {names}, not {kernel}")
+
+
+def with_mcmc_preset(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with the options left unset taken from ``mcmc_preset`` of ``--kernel`` (unset:
+    the preset's kernel), except ``--num-starts`` when ``--num-chains`` or ``--init`` is given."""
+    # the preset's starts fit its own chains and init; with either changed, the library's
+    # default (one start per chain, one for "map") fits the user's
+    preset = mcmc_preset(args.kernel or mcmc_preset()["kernel"])
+    if args.num_chains is not None or args.init is not None:
+        preset.pop("num_starts", None)
+    return with_preset(args, preset)
+
+
+def with_preset(args: argparse.Namespace, preset: dict[str, Any]) -> argparse.Namespace:
+    """``args`` with the options left unset taken from ``preset`` (a task's ``fit_preset``, or
+    the MCMC preset)."""
+    args = argparse.Namespace(**vars(args))
+    for dest, value in preset.items():
+        if getattr(args, dest) is None:
+            setattr(args, dest, value)
+    return args
 
 
 def library_functions() -> dict[str, Callable[..., Any]]:

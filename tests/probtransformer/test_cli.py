@@ -336,10 +336,10 @@ def test_the_preset_num_starts_yields_to_the_users_chains_or_init(given, starts)
     """The preset's 2 starts fit its own 4 chains; with --num-chains 3 or --init map they would
     be refused, so the library default (one start per chain, one for map) takes over."""
     from probtransformer.cli import build_parser
-    from probtransformer.cli.fit import _with_mcmc_preset
+    from probtransformer.cli.options import with_mcmc_preset
 
     args = build_parser().parse_args(["fit", "--inference", "mcmc", *given])
-    assert _with_mcmc_preset(args).num_starts == starts
+    assert with_mcmc_preset(args).num_starts == starts
 
 
 def test_cli_kernel_names_are_the_library_ones():

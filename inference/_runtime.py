@@ -36,6 +36,14 @@ def is_invalid_parameter_error(error: ValueError) -> bool:
     return "invalid values" in str(error)
 
 
+def is_out_of_memory(error: BaseException) -> bool:
+    """True for torch failing to allocate memory, on the GPU (``torch.OutOfMemoryError``) or
+    the CPU (a ``RuntimeError`` saying "can't allocate memory")."""
+    return isinstance(error, torch.OutOfMemoryError) or (
+        isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
+    )
+
+
 @contextlib.contextmanager
 def pyro_scope() -> Iterator[None]:
     """Run Pyro code in a fresh param store that is discarded afterwards.

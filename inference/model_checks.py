@@ -37,7 +37,12 @@ from pyro.nn import PyroModule
 from probtransformer.attention import LOCAL_LATENT
 from probtransformer.datasets import SequenceData
 from probtransformer.inference._pyro_compat import module_sample_attributes, site_is_subsample
-from probtransformer.inference._runtime import is_invalid_parameter_error, pyro_scope, seeded
+from probtransformer.inference._runtime import (
+    is_invalid_parameter_error,
+    is_out_of_memory,
+    pyro_scope,
+    seeded,
+)
 
 #: The name the model protocol gives the plate over observations.
 DATA_PLATE = "data"
@@ -300,6 +305,8 @@ def _probe_vectorized_draws(model, rows, trace, event_shape) -> None:
                 return  # non-finite numbers, not structure: the fit names the step and site
             raise
         except RuntimeError as e:
+            if is_out_of_memory(e):  # too large, not a broadcasting fault
+                raise
             warnings.warn(
                 f"{type(model).__name__} fails under {PROBE_DRAWS} vectorized posterior draws "
                 f"({str(e).splitlines()[0]}): predictions and log-likelihoods will fail. Each "

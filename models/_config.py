@@ -313,6 +313,24 @@ def memory_use(copies: int, use: str) -> Iterator[None]:
         _MEMORY_USE.reset(token)
 
 
+def usable_memory() -> int | None:
+    """Bytes this process may use: the machine's physical memory, or less under an address-space
+    limit (``ulimit -v``); None where neither can be read (Windows)."""
+    import os
+
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+    try:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    except (ImportError, OSError, ValueError):
+        return memory
+    return memory if limit == resource.RLIM_INFINITY else min(memory, limit)
+
+
 def check_fits_in_memory(config: EncoderConfig) -> None:
     """Refuse sizes whose weights (embeddings and encoder blocks, float32), held once or as
     many times as ``memory_use`` says, exceed the machine's physical memory, before any of
@@ -321,13 +339,9 @@ def check_fits_in_memory(config: EncoderConfig) -> None:
     Raises:
         ValueError: naming the estimate and the memory.
     """
-    import os
-
     copies, use = _MEMORY_USE.get()
-
-    try:
-        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):  # no sysconf (Windows): nothing to compare
+    memory = usable_memory()
+    if memory is None:
         return
     d, inputs = config.d_model, config.in_features or config.vocab_size
     per_block = 4 * d * (d + 1) + 2 * d * config.d_ff + config.d_ff + d * (config.conv_kernel + 5)
@@ -338,5 +352,5 @@ def check_fits_in_memory(config: EncoderConfig) -> None:
         raise ValueError(
             f"d_model={d}, d_ff={config.d_ff}, num_layers={config.num_layers} give at least "
             f"{weights:.3g} weights{held} ({needed / 2**30:,.0f} GiB in float32), more than "
-            f"this machine's {memory / 2**30:,.0f} GiB of memory: choose smaller sizes"
+            f"the {memory / 2**30:,.0f} GiB of memory this process may use: choose smaller sizes"
         )

@@ -39,10 +39,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MemoryError as e:
         return _fail(MemoryError(f"out of memory: {e}"), 2)
     except RuntimeError as e:  # torch's allocation failures; under torchrun: a rank was lost
+        from probtransformer.inference._runtime import is_out_of_memory
         from probtransformer.inference.distributed import RankLostError
 
-        if _out_of_memory(e):  # sizes too large for this machine: --d-model, --num-samples
-            return _fail(RuntimeError(f"out of memory: {e}"), 2)
+        if is_out_of_memory(e):  # sizes too large for this machine: --d-model, --num-samples
+            # torch's first line; Pyro appends a trace-shape table of every site (95 kB at
+            # 1,024 layers)
+            return _fail(RuntimeError(f"out of memory: {str(e).splitlines()[0]}"), 2)
         if not isinstance(e, RankLostError):
             raise
         return _fail(e, 1)
@@ -58,13 +61,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _warning_line(message, category, filename, lineno, line=None) -> str:
     """``PROG: warning: message`` rather than the source file and line of the library."""
     return f"{PROG}: warning: {' '.join(str(message).split())}\n"
-
-
-def _out_of_memory(error: RuntimeError) -> bool:
-    """Whether ``error`` is torch failing to allocate memory (CPU or GPU)."""
-    import torch
-
-    return isinstance(error, torch.OutOfMemoryError) or "can't allocate memory" in str(error)
 
 
 def _fail(error: Exception, status: int, label: str = "error") -> int:

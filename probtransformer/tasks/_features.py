@@ -83,6 +83,8 @@ def load_npy(path: Path) -> np.ndarray:
                     raise ValueError(f"cannot read {path} as a .npy array: {e}") from None
     except OSError as e:
         raise ValueError(f"cannot read {path}: {e.strerror or e}") from None
+    if not magic:
+        raise ValueError(f"{path} is empty (0 bytes): save one array with numpy.save")
     what = "a .npz archive" if magic.startswith(ZIP_MAGIC) else "not a .npy file"
     raise ValueError(
         f"{path} is {what} (it does not start with numpy's {NPY_MAGIC!r}): save one array "
@@ -107,7 +109,7 @@ def read_csv(path: Path, max_len: int, in_features: int) -> np.ndarray:
     width = max_len * in_features
     rows: list[list[float]] = []
     header = None
-    with path.open(newline="") as f:
+    with path.open(newline="", encoding="utf-8-sig") as f:  # a byte-order mark (Excel) dropped
         for line, cells in enumerate(csv.reader(f), start=1):
             if not any(cell.strip() for cell in cells):
                 continue
@@ -171,7 +173,12 @@ def _cell(text: str, path: Path, line: int, column: int) -> float:
 
 
 def _finite(x: np.ndarray, path: Path) -> np.ndarray:
-    bad = int((~np.isfinite(x)).sum())
-    if bad:
-        raise ValueError(f"{path} holds {bad} NaN/inf values")
+    bad = ~np.isfinite(x)
+    if bad.any():
+        n, t, f = np.argwhere(bad)[0]
+        count = int(bad.sum())
+        raise ValueError(
+            f"{path} holds {count} NaN/inf value{'s' if count > 1 else ''}, the first at "
+            f"sequence {n}, step {t}, feature {f} (from 0): {x[n, t, f]}"
+        )
     return x

@@ -188,6 +188,23 @@ def test_a_model_that_cannot_run_under_vectorized_draws_is_fitted_with_a_warning
         fit_svi(Regression(), data, **QUICK)  # `x @ w` with w (2, 1, 2): a torch shape error
 
 
+class OutOfMemoryUnderDraws(Regression):
+    """Runs for one draw, then cannot allocate the vectorized pass, as torch's CPU allocator
+    says it."""
+
+    def forward(self, x, y=None, mask=None, *, num_data=None):
+        if self.w.dim() > 1:
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate")
+        return super().forward(x, y, mask, num_data=num_data)
+
+
+def test_running_out_of_memory_under_vectorized_draws_is_raised_not_called_a_broadcasting_fault(
+    data,
+):
+    with pytest.raises(RuntimeError, match="can't allocate memory"):
+        fit_svi(OutOfMemoryUnderDraws(), data, **QUICK)
+
+
 class SumsOverDraws(Regression):
     """``einsum("...p,np->n")``: right for one draw, but sums the (K, 1, P) draws into one."""
 

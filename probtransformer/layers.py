@@ -23,10 +23,21 @@ from torch import nn
 
 from probtransformer import priors
 
-#: ``torch.nn.Dropout`` as a PyroModule. Inside a PyroModule, a plain ``nn.Module`` is
-#: registered by a ``pyro.module`` statement at every attribute access; over the ten dropout
-#: accesses of a decoding step that cost more than the dropout itself.
-Dropout = PyroModule[nn.Dropout]
+
+class Dropout(nn.Dropout, PyroModule):
+    """``torch.nn.Dropout`` as a PyroModule that returns its input without a module call when
+    it drops nothing (``p == 0``, or eval mode).
+
+    Inside a PyroModule, a plain ``nn.Module`` is registered by a ``pyro.module`` statement at
+    every attribute access; and a PyroModule's call enters its Pyro context and reads Pyro's
+    settings. Over the ten dropouts of a decoding step (dropout 0, the text models' default)
+    the calls cost more than the rest of the layer norms and projections' Python together.
+    """
+
+    def __call__(self, input: torch.Tensor) -> torch.Tensor:
+        if self.p == 0 or not self.training:
+            return input
+        return super().__call__(input)
 
 
 def flatten_draws(value: torch.Tensor, event_rank: int) -> torch.Tensor:

@@ -1,4 +1,6 @@
+import copy
 import math
+import pickle
 
 import pyro
 import pytest
@@ -7,7 +9,13 @@ from pyro import poutine
 from torch import nn
 
 from probtransformer import priors
-from probtransformer.layers import BayesLayerNorm, BayesLinear, batched_linear, flatten_draws
+from probtransformer.layers import (
+    BayesLayerNorm,
+    BayesLinear,
+    Dropout,
+    batched_linear,
+    flatten_draws,
+)
 
 
 def _trace(module, *args):
@@ -157,3 +165,24 @@ def test_bayes_layer_norm_draws_broadcast_against_hidden_state():
     normed = nn.functional.layer_norm(h[0], (d,))
     for s in range(S):
         torch.testing.assert_close(out[s], normed * gain[s, 0] + shift[s, 0])
+
+
+def test_dropout_that_drops_nothing_returns_its_input_without_a_module_call():
+    """``layers.Dropout`` skips the PyroModule call when inactive (p = 0 or eval mode), keeps
+    its class through deepcopy and pickling (fits and saved runs copy models), and drops in
+    training mode like ``nn.Dropout``."""
+    calls = []
+    x = torch.ones(4, 1000)
+    for p, training in ((0.0, True), (0.5, False)):
+        layer = Dropout(p).train(training)
+        layer.register_forward_hook(lambda *_: calls.append(1))
+        assert layer(x) is x
+    assert calls == []
+    layer = Dropout(0.5)
+    assert isinstance(layer, torch.nn.Dropout)
+    for copied in (copy.deepcopy(layer), pickle.loads(pickle.dumps(layer))):
+        assert type(copied) is Dropout and copied.p == 0.5
+    torch.manual_seed(0)
+    dropped = layer.train()(x)
+    assert 0.4 < float((dropped == 0).float().mean()) < 0.6
+    assert torch.all((dropped == 0) | (dropped == 2.0))  # kept units scaled by 1 / (1 - p)

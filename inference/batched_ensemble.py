@@ -92,6 +92,8 @@ def fit_batched(
             progress=progress,
             lr=settings["lr"],
             lr_decay=settings["lr_decay"],
+            lr_warmup=settings["lr_warmup"],
+            lr_schedule=settings["lr_schedule"],
             batch_size=settings["batch_size"],
             check=_check_finite,
             desc="ensemble",

@@ -79,6 +79,11 @@ def load_checkpoint(path: str | os.PathLike) -> tuple[dict, dict]:
     return meta, state
 
 
+#: ``fit_svi`` settings added after checkpoints were first written, with the value a checkpoint
+#: without them was fitted with.
+LATER_SETTINGS = {"lr_warmup": 0.0, "lr_schedule": "exponential"}
+
+
 def check_compatible(meta: dict, expected: dict, path: str | os.PathLike) -> None:
     """Refuse to resume when the model, its configuration, the settings or the data differ.
 
@@ -151,6 +156,8 @@ def restore_svi_checkpoint(state: SVIState, path: str | os.PathLike) -> None:
     """
     with together(state.parallel, "reading the checkpoint"):
         meta, saved = load_checkpoint(path)
+        if isinstance(meta.get("settings"), dict):  # saved before these settings existed
+            meta["settings"] = {**LATER_SETTINGS, **meta["settings"]}
         check_compatible(meta, _identity(state), path)
     state.model.load_state_dict(saved["model_state"])
     state.guide.load_state_dict(saved["guide_state"])

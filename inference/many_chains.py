@@ -32,6 +32,7 @@ from probtransformer.inference.distributed import DataParallel, broadcast_state
 from probtransformer.inference.engine import activation_bytes
 from probtransformer.inference.model_checks import DRAWS_DIM, DRAWS_PLATE
 from probtransformer.inference.samplers import MCLMC, ChainRNG, ChEES
+from probtransformer.inference.schedule import lr_scheduler
 from probtransformer.inference.vectorized import VectorizedDensity
 
 #: Starting-point strategies of the many-chain kernels.
@@ -292,11 +293,14 @@ def map_fit(
     progress: bool,
     lr: float = MAP_LR,
     lr_decay: float = MAP_LR_DECAY,
+    lr_warmup: float = 0.0,
+    lr_schedule: str = "exponential",
     batch_size: int = MAP_BATCH_SIZE,
     check: Callable[[torch.Tensor, list[torch.Tensor], int], None] | None = None,
     desc: str = "MAP starts",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """MAP fits of every start at once: Adam (``lr`` decaying to ``lr * lr_decay``) on the
+    """MAP fits of every start at once: Adam (``lr`` with ``fit_svi``'s schedule: warm-up, then
+    decaying to ``lr * lr_decay``) on the
     ``(M, D)`` states, and on ``density.parameters`` when it holds per-start plain parameters
     (updated in place), mini-batches of ``batch_size`` rows (every row when the model has local
     latents).
@@ -312,9 +316,7 @@ def map_fit(
     z = starts.clone().requires_grad_(True)
     leaves = [z, *(density.parameters or {}).values()]
     optimizer = torch.optim.Adam(leaves, lr=lr)
-    scheduler = torch.optim.lr_scheduler.ExponentialLR(
-        optimizer, gamma=lr_decay ** (1.0 / max(steps, 1))
-    )
+    scheduler = lr_scheduler(optimizer, steps, lr_decay, lr_warmup, lr_schedule)
     n = density.num_rows
     local = any(s.local for s in density.sites)
     size = n if local else min(n, batch_size)

@@ -29,15 +29,29 @@ from probtransformer.inference.elbo import NonFiniteELBOError
 from probtransformer.inference.guides import GUIDES
 from probtransformer.inference.inputs import check_model, check_training_data, example_of
 from probtransformer.inference.posterior import Posterior
+from probtransformer.inference.schedule import check_schedule
 from probtransformer.inference.svi_state import SVIState, initial_state, svi_step
 from probtransformer.validation import check_int
 
 #: The settings ``_check_fit`` checks, in its order.
-_CHECKED_SETTINGS = ("guide", "num_steps", "batch_size", "lr", "lr_decay", "num_particles")
+_CHECKED_SETTINGS = (
+    "guide", "num_steps", "batch_size", "lr", "lr_decay", "lr_warmup", "lr_schedule",
+    "num_particles",
+)  # fmt: skip
 
 
 def _check_fit(
-    model, data, guide, num_steps, batch_size, lr, lr_decay, num_particles, distributed=False
+    model,
+    data,
+    guide,
+    num_steps,
+    batch_size,
+    lr,
+    lr_decay,
+    lr_warmup,
+    lr_schedule,
+    num_particles,
+    distributed=False,
 ) -> None:
     """The checks of ``svi_init``'s arguments, in the order their errors are reported."""
     check_model(model)
@@ -52,8 +66,7 @@ def _check_fit(
         check_int(name, value, type_error=True)
     if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
         raise ValueError(f"lr must be a finite number > 0, got {lr!r}")
-    if not (isinstance(lr_decay, (int, float)) and 0 < lr_decay <= 1):
-        raise ValueError(f"lr_decay must be in (0, 1], got {lr_decay!r}")
+    check_schedule(lr_decay, lr_warmup, lr_schedule)
     if not isinstance(distributed, bool):
         raise TypeError(f"distributed must be True or False, got {distributed!r}")
 
@@ -64,16 +77,18 @@ def svi_init(model: torch.nn.Module, data: SequenceData, **settings) -> SVIState
     Deep-copies ``model`` and re-initialises it from ``seed`` on ``device``, then, under
     ``seed``: builds the guide, evaluates the ELBO once on the first ``batch_size`` sequences
     with Pyro's validation on (this creates the guide's parameters and checks model and guide),
-    sets up Adam with an exponential learning-rate decay (``lr`` to ``lr * lr_decay`` at step
-    ``num_steps``, decaying on past it), and draws the first mini-batch permutation.
+    sets up Adam with the learning-rate schedule (``inference.schedule.lr_scheduler``: an
+    optional warm-up, then ``lr`` decaying to ``lr * lr_decay`` at step ``num_steps``), and
+    draws the first mini-batch permutation.
     ``fit_svi`` is ``svi_init`` followed by ``num_steps`` calls of ``svi_step``.
 
     Args:
         model: a ``PyroModule`` following the model protocol; it is not modified.
         data: training split ``(N, ...)``; ``data.y`` required.
         **settings: ``fit_svi``'s keyword arguments ``guide``, ``num_steps``, ``batch_size``,
-            ``lr``, ``lr_decay``, ``num_particles``, ``init_scale``, ``device``, ``seed``,
-            ``init_from`` and ``distributed``, with its defaults and meanings.
+            ``lr``, ``lr_decay``, ``lr_warmup``, ``lr_schedule``, ``num_particles``,
+            ``init_scale``, ``device``, ``seed``, ``init_from`` and ``distributed``, with its
+            defaults and meanings.
 
     Returns:
         An ``SVIState`` with ``step == 0``; the caller's torch RNG and Pyro param store are
@@ -114,6 +129,8 @@ def fit_svi(
     batch_size: int = 128,
     lr: float = 3e-3,
     lr_decay: float = 0.1,
+    lr_warmup: float = 0.0,
+    lr_schedule: str = "exponential",
     num_particles: int = 1,
     init_scale: float = 1e-3,
     device: str | torch.device = "auto",
@@ -129,7 +146,8 @@ def fit_svi(
 
     The model is deep-copied and re-initialised from ``seed``, then trained with Adam on
     mini-batches (likelihood scaled by ``N / batch_size`` through the model's data plate) while
-    the learning rate decays exponentially from ``lr`` to ``lr * lr_decay``. The mean-field guide
+    the learning rate rises linearly over the first ``lr_warmup`` of the steps, then decays
+    from ``lr`` to ``lr * lr_decay`` (``inference.schedule.lr_scheduler``). The mean-field guide
     uses ``TraceMeanField_ELBO`` (analytic KL terms where Pyro has them; Hoffman et al. 2013;
     as ``inference.elbo.MeanFieldELBO``, which skips the log densities that ELBO does not use),
     the others and models with local latents (stochastic attention, amortized guide)
@@ -148,7 +166,12 @@ def fit_svi(
         num_steps: optimisation steps.
         batch_size: sequences per step (capped at ``len(data)``).
         lr: initial Adam learning rate.
-        lr_decay: final learning rate as a fraction of ``lr``, in (0, 1].
+        lr_decay: final learning rate as a fraction of ``lr``, in (0, 1] (exponential) or
+            [0, 1] (cosine); 1 holds it constant after the warm-up.
+        lr_warmup: the fraction of ``num_steps``, in [0, 1), over which the rate rises
+            linearly to ``lr`` (from ``lr`` over the warm-up steps); it lets a higher ``lr``
+            train without the first steps' blow-up (the text models' recipe, ``BENCHMARKS.md``).
+        lr_schedule: ``"exponential"`` or ``"cosine"``: the decay after the warm-up.
         num_particles: ELBO particles per step.
         init_scale: initial guide standard deviation.
         device: ``"auto"``, ``"cpu"``, ``"cuda"`` ...
@@ -193,7 +216,7 @@ def fit_svi(
         distributed.RankLostError: a peer rank died or stopped answering within the process
             group's timeout (naming it); the last checkpoint is left as it was.
     """
-    settings = (guide, num_steps, batch_size, lr, lr_decay, num_particles)
+    settings = (guide, num_steps, batch_size, lr, lr_decay, lr_warmup, lr_schedule, num_particles)
     with together(joined(distributed), "fit_svi's argument checks"):
         _check_fit(model, data, *settings, distributed)
         if checkpoint_every is not None:

@@ -36,6 +36,7 @@ from probtransformer.inference.distributed import (
 )
 from probtransformer.inference.elbo import MeanFieldELBO, NonFiniteELBOError, non_finite_error
 from probtransformer.inference.guides import build_guide, has_local_latents
+from probtransformer.inference.schedule import lr_scheduler
 from probtransformer.inference.warm_start import warm_start
 
 
@@ -53,11 +54,12 @@ class SVIState:
             tensor (nats, full-data scale); a Pyro ``ELBOModule`` of ``model`` and ``guide``.
         params: the trainable parameters of ``loss_fn`` (model and guide), in optimizer order.
         optimizer: Adam over ``params``.
-        scheduler: exponential decay of the learning rate, ``lr`` -> ``lr * lr_decay`` at step
-            ``num_steps`` (steps past it keep decaying).
+        scheduler: the learning-rate schedule (``inference.schedule.lr_scheduler``): warm-up,
+            then ``lr`` -> ``lr * lr_decay`` at step ``num_steps``.
         data: the training split on the device.
         settings: ``guide``, ``num_steps``, ``batch_size`` (capped at ``N``), ``lr``,
-            ``lr_decay``, ``num_particles``, ``init_scale``, ``seed``.
+            ``lr_decay``, ``lr_warmup``, ``lr_schedule``, ``num_particles``, ``init_scale``,
+            ``seed``.
         fingerprint: ``checkpoint.data_fingerprint`` of the training data as given (on CPU).
         order: ``(N,)`` int64 permutation that the current epoch's mini-batches walk through.
         cursor: index in ``order`` where the next mini-batch starts.
@@ -103,6 +105,8 @@ def initial_state(
     batch_size,
     lr,
     lr_decay,
+    lr_warmup,
+    lr_schedule,
     num_particles,
     init_scale,
     device,
@@ -133,6 +137,8 @@ def initial_state(
         batch_size=batch_size,
         lr=lr,
         lr_decay=lr_decay,
+        lr_warmup=lr_warmup,
+        lr_schedule=lr_schedule,
         num_particles=num_particles,
         init_scale=init_scale,
         seed=seed,
@@ -168,9 +174,7 @@ def initial_state(
             raise failure
         params = [p for p in loss_fn.parameters() if p.requires_grad]
         optimizer = torch.optim.Adam(params, lr=lr)
-        scheduler = torch.optim.lr_scheduler.ExponentialLR(
-            optimizer, gamma=lr_decay ** (1.0 / num_steps)
-        )
+        scheduler = lr_scheduler(optimizer, num_steps, lr_decay, lr_warmup, lr_schedule)
         order = torch.randperm(n, device=device)
         rng = _get_rng_state(device)
         if parallel is not None:  # rank 0's start, whatever the ranks' slices drew

@@ -52,8 +52,6 @@ def float_in(
     return parse
 
 
-#: argparse type: a number in (0, 1], such as a learning-rate decay.
-fraction = float_in(0, 1, above=True)
 #: argparse type: a probability in [0, 1), such as dropout.
 probability_below_one = float_in(0, 1, below=True)
 #: argparse type: a seed of torch's and numpy's generators, in [0, 2**32).

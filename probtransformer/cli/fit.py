@@ -22,6 +22,7 @@ from probtransformer.cli.options import (
     MANY_CHAIN_KERNELS,
     MAP_FITS,
     check_applicable,
+    check_schedule_options,
     with_mcmc_preset,
     with_preset,
 )
@@ -67,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         args = with_mcmc_preset(args)
     else:
         args = with_preset(args, task.fit_preset)
+        check_schedule_options(args)
     parallel = _joined_process_group(args)
     try:
         return _run(args, task, guide, target, parallel, asked_batch_size)
@@ -314,6 +316,8 @@ def _fit_svi(
             batch_size=args.batch_size,
             lr=args.lr,
             lr_decay=args.lr_decay,
+            lr_warmup=args.lr_warmup,
+            lr_schedule=args.lr_schedule,
             device=args.device,
             checkpoint_every=args.checkpoint_every,
             checkpoint_dir=checkpoint_dir,
@@ -373,6 +377,8 @@ def _fit_settings(post) -> dict[str, Any]:
             batch_size=record["batch_size"],
             lr=record["lr"],
             lr_decay=record["lr_decay"],
+            lr_warmup=record["lr_warmup"],
+            lr_schedule=record["lr_schedule"],
         )
     chains, kept = next(iter(post.samples.values())).shape[:2]
     # no sample_stats: an interrupted worker process took them along (recorded as None)

@@ -14,7 +14,10 @@ INFERENCES = ("svi", "map", "mcmc", "mc-dropout", "ensemble")
 #: None: the guide is --guide's (or fit_svi's); the baselines are MAP fits (AutoDelta)
 INFERENCE_GUIDES = {"svi": None, "map": "delta", "mc-dropout": "delta", "ensemble": "delta"}
 #: fit_svi settings: every inference method but mcmc
-SVI_OPTIONS = ("guide", "num_steps", "batch_size", "lr", "lr_decay")
+SVI_OPTIONS = ("guide", "num_steps", "batch_size", "lr", "lr_decay", "lr_warmup", "lr_schedule")
+#: ``fit_svi``'s learning-rate schedules (``inference.schedule.LR_SCHEDULES``; named here so
+#: ``--help`` imports no torch).
+LR_SCHEDULES = ("exponential", "cosine")
 CHECKPOINT_OPTIONS = ("checkpoint_every", "checkpoint_dir", "resume_from")  # svi and map only
 ENSEMBLE_OPTIONS = ("n_members",)  # fit_ensemble settings: ensemble only
 #: The inference methods that ``torchrun`` runs data-parallel: those built on ``fit_svi`` (and
@@ -197,6 +200,21 @@ def with_preset(args: argparse.Namespace, preset: dict[str, Any]) -> argparse.Na
         if getattr(args, dest) is None:
             setattr(args, dest, value)
     return args
+
+
+def check_schedule_options(args: argparse.Namespace) -> None:
+    """Refuse ``--lr-decay 0`` without a cosine schedule (after the presets filled the unset
+    options), naming the options rather than ``fit_svi``'s parameters.
+
+    Raises:
+        CLIError: an exponential decay to 0.
+    """
+    if args.lr_decay == 0 and args.lr_schedule != "cosine":
+        schedule = args.lr_schedule or "exponential, the default"
+        raise CLIError(
+            f"--lr-decay 0 needs --lr-schedule cosine (an exponential decay never reaches 0); "
+            f"the schedule is {schedule}"
+        )
 
 
 def library_functions() -> dict[str, Callable[..., Any]]:

@@ -17,7 +17,6 @@ from probtransformer.cli import serve as serve_command
 from probtransformer.cli._common import PROG
 from probtransformer.cli.argtypes import (
     float_in,
-    fraction,
     int_in,
     non_negative_int,
     positive_int,
@@ -29,6 +28,7 @@ from probtransformer.cli.options import (
     INFERENCES,
     INITS,
     KERNELS,
+    LR_SCHEDULES,
 )
 from probtransformer.cli.rundir import (
     ATTENTION_FILE,
@@ -218,9 +218,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     svi.add_argument(
         "--lr-decay",
-        type=fraction,
+        type=float_in(0, 1),
         metavar="F",
-        help="final learning rate as a fraction of --lr, in (0, 1]; 1 holds it constant",
+        help="final learning rate as a fraction of --lr, in (0, 1] ([0, 1] with --lr-schedule "
+        "cosine); 1 holds it constant",
+    )
+    svi.add_argument(
+        "--lr-warmup",
+        type=probability_below_one,
+        metavar="F",
+        help="fraction of the steps over which the learning rate rises linearly to --lr, in [0, 1)",
+    )
+    svi.add_argument(
+        "--lr-schedule",
+        choices=LR_SCHEDULES,
+        help="how the learning rate decays after the warm-up, from --lr to --lr x --lr-decay",
     )
     checkpoints = fit.add_argument_group("svi and map only: checkpoints (fit_svi)")
     checkpoints.add_argument(

@@ -84,16 +84,21 @@ def test_a_step_leaves_the_callers_rng_and_param_store_alone(data):
     assert pyro.param("mine").item() == 1.5
 
 
+WARMUP_COSINE = dict(lr_warmup=1 / 3, lr_schedule="cosine", lr_decay=0.0)  # 4 of 12 steps
+
+
+@pytest.mark.parametrize("schedule", [{}, WARMUP_COSINE], ids=["exponential", "warmup-cosine"])
 @pytest.mark.parametrize("k", [0, 5, 7])
-def test_a_state_saved_after_k_steps_continues_to_the_same_numbers(data, tmp_path, k):
-    reference = svi_init(_model(), data, device="cpu", **SETTINGS)
+def test_a_state_saved_after_k_steps_continues_to_the_same_numbers(data, tmp_path, k, schedule):
+    settings = SETTINGS | schedule
+    reference = svi_init(_model(), data, device="cpu", **settings)
     for _ in range(SETTINGS["num_steps"]):
         svi_step(reference)
-    state = svi_init(_model(), data, device="cpu", **SETTINGS)
+    state = svi_init(_model(), data, device="cpu", **settings)
     for _ in range(k):
         svi_step(state)
     save_svi_checkpoint(state, tmp_path / "ckpt")
-    restored = svi_init(_model(), data, device="cpu", **SETTINGS)
+    restored = svi_init(_model(), data, device="cpu", **settings)
     restore_svi_checkpoint(restored, tmp_path / "ckpt")
     assert restored.step == k and restored.elbo == reference.elbo[:k]
     assert restored.cursor == state.cursor and torch.equal(restored.order, state.order)
@@ -103,6 +108,46 @@ def test_a_state_saved_after_k_steps_continues_to_the_same_numbers(data, tmp_pat
     _assert_same_parameters(
         _states(restored.model, restored.guide), _states(reference.model, reference.guide)
     )
+
+
+@pytest.mark.parametrize("shape", ["exponential", "cosine"])
+def test_the_learning_rate_warms_up_linearly_then_decays_to_lr_times_lr_decay(data, shape):
+    lr, steps, warmup, decay = 1e-2, 12, 4, 0.1
+    state = svi_init(
+        _model(), data, device="cpu", **SETTINGS | dict(lr_warmup=1 / 3, lr_schedule=shape)
+    )
+    rates = []
+    for _ in range(steps):
+        rates.append(state.optimizer.param_groups[0]["lr"])
+        svi_step(state)
+    assert rates[:warmup] == pytest.approx([lr / 4, lr / 2, 3 * lr / 4, lr])
+    assert rates[warmup] == pytest.approx(lr)  # the decay starts from lr
+    after = state.optimizer.param_groups[0]["lr"]  # the rate a step past num_steps would use
+    assert after == pytest.approx(lr * decay)
+    u = 4 / 8  # halfway through the decay
+    expected = decay**u if shape == "exponential" else decay + (1 - decay) / 2
+    assert rates[warmup + 4] == pytest.approx(lr * expected)
+    assert all(a >= b for a, b in zip(rates[warmup:-1], rates[warmup + 1 :], strict=True))
+
+
+def test_a_checkpoint_saved_before_the_schedule_settings_resumes(data, tmp_path):
+    """A checkpoint whose settings lack lr_warmup and lr_schedule was an exponential fit."""
+    import json
+
+    state = svi_init(_model(), data, device="cpu", **SETTINGS)
+    svi_step(state)
+    save_svi_checkpoint(state, tmp_path / "ckpt")
+    meta_file = next((tmp_path / "ckpt").glob("*.json"))
+    meta = json.loads(meta_file.read_text())
+    for key in ("lr_warmup", "lr_schedule"):
+        del meta["settings"][key]
+    meta_file.write_text(json.dumps(meta))
+    restored = svi_init(_model(), data, device="cpu", **SETTINGS)
+    restore_svi_checkpoint(restored, tmp_path / "ckpt")
+    assert restored.step == 1
+    cosine = svi_init(_model(), data, device="cpu", **SETTINGS | WARMUP_COSINE)
+    with pytest.raises(ValueError, match="its settings are"):
+        restore_svi_checkpoint(cosine, tmp_path / "ckpt")
 
 
 def test_restore_refuses_a_state_of_other_settings(data, tmp_path):
@@ -131,7 +176,15 @@ def test_svi_init_checks_its_arguments(data):
         svi_init(_model(), data, guide="laplace")
     with pytest.raises(TypeError, match="num_steps must be an int, got float"):
         svi_init(_model(), data, num_steps=3.0)
-    with pytest.raises(ValueError, match="lr_decay must be in"):
+    with pytest.raises(ValueError, match=r"lr_decay must be in \(0, 1\] \(0 only with"):
         svi_init(_model(), data, lr_decay=0.0)
+    with pytest.raises(ValueError, match=r"lr_decay must be in \[0, 1\], got 1.5"):
+        svi_init(_model(), data, lr_decay=1.5, lr_schedule="cosine")
+    with pytest.raises(ValueError, match="lr_schedule must be one of"):
+        svi_init(_model(), data, lr_schedule="linear")
+    with pytest.raises(ValueError, match=r"lr_warmup must be a fraction .* \[0, 1\), got 1"):
+        svi_init(_model(), data, lr_warmup=1)
+    with pytest.raises(TypeError, match="lr_warmup must be a number"):
+        svi_init(_model(), data, lr_warmup="100")
     with pytest.raises(TypeError, match=r"svi_init\(\): got an unexpected keyword .*'progress'"):
         svi_init(_model(), data, progress=False)  # the loop's setting, fit_svi's only

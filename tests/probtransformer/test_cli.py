@@ -186,9 +186,15 @@ def test_fit_help_shows_the_library_defaults(capsys):
         ("--num-steps N optimisation steps", fit["num_steps"].default, TaggingTask),
         ("--lr LR initial Adam learning rate, in (0, 10]", fit["lr"].default, TaggingTask),
         (
-            "--lr-decay F final learning rate as a fraction of --lr, in (0, 1]; 1 holds it "
-            "constant",
+            "--lr-decay F final learning rate as a fraction of --lr, in (0, 1] ([0, 1] with "
+            "--lr-schedule cosine); 1 holds it constant",
             fit["lr_decay"].default,
+            TaggingTask,
+        ),
+        (
+            "--lr-warmup F fraction of the steps over which the learning rate rises linearly "
+            "to --lr, in [0, 1)",
+            fit["lr_warmup"].default,
             TaggingTask,
         ),
     ):
@@ -634,14 +640,17 @@ def test_ctrl_c_while_the_fit_is_evaluated_keeps_the_fit(tmp_path, monkeypatch, 
     monkeypatch.setattr(classification.ClassificationTask, "evaluate", impatient)
     out = tmp_path / "run"
     (tmp_path / "run.posterior").write_text("someone's file")  # never replaced
-    assert main(["fit", "--out", str(out), *TINY, "--num-train", "64", "--lr-decay", "1"]) == 130
+    schedule = ["--lr-decay", "0", "--lr-warmup", "0.2", "--lr-schedule", "cosine"]
+    assert main(["fit", "--out", str(out), *TINY, "--num-train", "64", *schedule]) == 130
     err = " ".join(capsys.readouterr().err.split())
     kept = tmp_path / "run.posterior-2"
     assert f"nothing was written to {out}, and the fitted posterior is kept in {kept}" in err
     assert not out.exists() and (tmp_path / "run.posterior").read_text() == "someone's file"
     post = load_posterior(kept)
     assert post.record["method"] == "svi" and post.record["steps_done"] == 30
-    assert post.record["lr_decay"] == 1.0  # --lr-decay reached fit_svi
+    settings = (post.record[k] for k in ("lr_decay", "lr_warmup", "lr_schedule"))
+    assert tuple(settings) == (0.0, 0.2, "cosine")  # the options reached fit_svi
+
     assert post.predict(torch.zeros(2, T, F), num_samples=3).probs.shape == (3, 2, C)
     assert post.record["dataset"] == "digits" and post.record["class_names"][:2] == ["0", "1"]
     np.save(tmp_path / "x.npy", np.zeros((2, T, F), np.float32))  # predict takes the kept fit
@@ -649,6 +658,15 @@ def test_ctrl_c_while_the_fit_is_evaluated_keeps_the_fit(tmp_path, monkeypatch, 
     assert main([*args, "--output", str(tmp_path / "p.csv")]) == 0
     assert list(pd.read_csv(tmp_path / "p.csv").columns) == PRED_COLUMNS
     assert main(["diagnose", str(kept), "--num-samples", "3"]) == 0  # and diagnose
+
+
+def test_an_exponential_decay_to_zero_is_refused_naming_the_options(capsys):
+    assert main(["fit", *TINY, "--lr-decay", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--lr-decay 0 needs --lr-schedule cosine" in err
+    assert "the schedule is exponential, the default" in err
+    assert main(["fit", *TINY, "--lr-decay", "0", "--lr-schedule", "exponential"]) == 2
+    assert "the schedule is exponential\n" in capsys.readouterr().err
 
 
 def test_a_batch_larger_than_the_data_is_warned_about(tmp_path, capsys):

@@ -19,35 +19,36 @@ metric functions are ``benchmarks.studies.task_families``'.
 
 Variants of each task: ``base`` (d_model 32, 8 heads so d_head 4, 2 layers, d_ff 128, soft
 attention, pre-norm LayerNorm, dropout 0), ``hard`` (``hard_attention=True``), ``heads1``
-(``num_heads=1``), ``noffn`` (``d_ff=0``), ``noln`` (``layer_norm=False``), ``noattn`` (text
-tasks only: every attention head switched off, so the model learns with its convolutions and
-feed-forward layers alone), ``before`` (text tasks only: the text models' defaults before issue
-16's recipe, ``BEFORE_RECIPE``, fitted at lr 1e-2 decaying tenfold as they were),
-``decay0.1`` (text tasks only: the recipe with that tenfold decay in place of its constant
-learning rate, ``VARIANT_FIT``) and ``lstm``
-(``benchmarks/_lstm.py``: the same embedding, head and likelihood around a deterministic
-2-layer ``nn.LSTM``, bidirectional for digits and wordseg, unidirectional for the causal LM;
-its hidden size is the one whose parameter count, deterministic plus latent scalars, is
-closest to the base Transformer's). Dropout is 0 everywhere: the LSTM has no counterpart of
-attention-weight dropout, and these short fits are far from over-fitting.
+(``num_heads=1``), ``noffn`` (``d_ff=0``), ``noln`` (``layer_norm=False``), ``noattn`` (text tasks
+only: every attention head switched off, so the model learns with its convolutions and feed-forward
+layers alone), ``before`` (text tasks only: the text models' defaults before issue 16's recipe,
+``BEFORE_RECIPE``, fitted at lr 1e-2 decaying tenfold as they were), ``decay0.1`` (text tasks only:
+the recipe at lr 3e-2 decaying tenfold), ``constant`` (word segmentation only: at 3e-2 held
+constant, the tagger's rate before its warm-up and cosine decay), ``cosine`` (LM only: at the
+tagger's rate, which the LM does not ship), all in ``VARIANT_FIT``, and ``lstm``
+(``benchmarks/_lstm.py``: the same embedding, head and likelihood around a deterministic 2-layer
+``nn.LSTM``, bidirectional for digits and wordseg, unidirectional for the causal LM; its hidden
+size is the one whose parameter count, deterministic plus latent scalars, is closest to the base
+Transformer's). Dropout is 0 everywhere: the LSTM has no counterpart of attention-weight dropout,
+and these short fits are far from over-fitting.
 
-Every row (``task/variant/seed``, seeds 0-2) is one ``fit_svi`` (mean-field guide, lr 1e-2
-decaying tenfold: ``task_families`` found the library's 3e-3 too slow for text models; the
-text tasks' Transformers take the text recipe of issue 16 instead: the ``TokenTagger`` and
-``CausalLM`` defaults, the tasks' ``fit_preset`` lr 3e-2 held constant, and ``TEXT_SIZES``),
-then
-the task's evaluation with ``Posterior.predict`` (20 draws). Steps and batch are fixed per
-task, the same for all its variants, sized by timed pilots on 2 busy CPU cores (one thread) so
-a row takes about a minute: digits 1,500 steps of 128 (0.97 accuracy for base), wordseg 1,000
-of 32 and lm 1,200 of 32 (in pilots, batches of 32 scored better than batches of 64 in the same
-fitting time). The fit seed is ``ctx.seed + seed``; the data split is always ``ctx.seed``'s.
-Timed pilot fits (``pilot``: seconds per step and set-up) cut the steps only when the fit would
-overrun 80% of the row budget (``BUDGET_S`` unless ``--budget``): ``budget_cut`` in the row,
-counted in the settings lines. A fit whose ELBO turns non-finite is evaluated at its last
-finite parameters and marked ``diverged_at``. Each row stores the metrics, fit and evaluation
-seconds, parameter counts (deterministic and latent scalars) and the training-loss trace: the
-per-observation negative ELBO (``-ELBO / N_train``, nats per training sequence, KL included)
-averaged over ``TRACE_POINTS`` equal blocks of steps.
+Every row (``task/variant/seed``, seeds 0-2) is one ``fit_svi`` (mean-field guide, lr 1e-2 decaying
+tenfold: ``task_families`` found the library's 3e-3 too slow for text models; the text tasks'
+Transformers take the text recipe of issue 16 instead: the ``TokenTagger`` and ``CausalLM``
+defaults, the tasks' ``fit_preset`` learning rate (word segmentation: 6e-2 after a warm-up over the
+first 10% of the steps, decaying to 0 along a cosine; LM: 3e-2 held), and ``TEXT_SIZES``), then the
+task's evaluation with ``Posterior.predict`` (20 draws). Steps and batch are fixed per task, the
+same for all its variants, sized by timed pilots on 2 busy CPU cores (one thread) so a row takes
+about a minute: digits 1,500 steps of 128 (0.97 accuracy for base), wordseg 1,000 of 32 and lm
+1,200 of 32 (in pilots, batches of 32 scored better than batches of 64 in the same fitting time).
+The fit seed is ``ctx.seed + seed``; the data split is always ``ctx.seed``'s. Timed pilot fits
+(``pilot``: seconds per step and set-up) cut the steps only when the fit would overrun 80% of the
+row budget (``BUDGET_S`` unless ``--budget``): ``budget_cut`` in the row, counted in the settings
+lines. A fit whose ELBO turns non-finite is evaluated at its last finite parameters and marked
+``diverged_at``. Each row stores the metrics, fit and evaluation seconds, parameter counts
+(deterministic and latent scalars) and the training-loss trace: the per-observation negative ELBO
+(``-ELBO / N_train``, nats per training sequence, KL included) averaged over ``TRACE_POINTS`` equal
+blocks of steps.
 
 Definitions used by ``markdown``:
 
@@ -125,16 +126,29 @@ VARIANTS = {
     "noattn": {"attention": False},
     "before": BEFORE_RECIPE,
     "decay0.1": {},
+    "constant": {},
+    "cosine": {},
     "lstm": None,
 }
-#: ``fit_svi`` overrides of the task's lr and decay per variant: the LSTM and the old text rows
-#: keep ``LR`` decaying tenfold; ``decay0.1`` is the recipe with the tenfold decay it had before
-#: its constant rate (text_recipe's round 3).
-OLD_FIT = {"lr": LR, "lr_decay": 0.1}
-VARIANT_FIT = {"lstm": OLD_FIT, "before": OLD_FIT, "decay0.1": {"lr_decay": 0.1}}
+#: ``fit_svi`` overrides of the task's learning-rate settings per variant: the LSTM and the old
+#: text rows keep ``LR`` decaying tenfold; ``decay0.1`` and ``constant`` are the recipe's rates
+#: before text_recipe's rounds 3 (lr 3e-2 decaying tenfold) and 4 (3e-2 held constant);
+#: ``cosine`` is the tagger's rate (``TAGGER_FIT``), tried on the LM.
+OLD_FIT = {"lr": LR, "lr_decay": 0.1, "lr_warmup": 0.0, "lr_schedule": "exponential"}
+VARIANT_FIT = {
+    "lstm": OLD_FIT,
+    "before": OLD_FIT,
+    "decay0.1": {**OLD_FIT, "lr": 3e-2},
+    "constant": {**OLD_FIT, "lr": 3e-2, "lr_decay": 1.0},
+    "cosine": {"lr": 6e-2, "lr_warmup": 0.1, "lr_schedule": "cosine", "lr_decay": 0.0},
+}
 #: Variants run on some tasks only: attention ablated, to show what attention adds to the text
 #: recipe's convolutions and feed-forward layers; the text models before the recipe.
-VARIANT_TASKS = {v: ("wordseg", "lm") for v in ("noattn", "before", "decay0.1")}
+VARIANT_TASKS = {
+    **{v: ("wordseg", "lm") for v in ("noattn", "before", "decay0.1")},
+    "constant": ("wordseg",),
+    "cosine": ("lm",),
+}
 #: ``BASE`` overrides of the text recipe, so that its convolutions keep the parameter count
 #: within 2% of the LSTM rows' (kept from before the recipe).
 TEXT_SIZES = {"wordseg": {"d_ff": 124}, "lm": {}}
@@ -144,7 +158,12 @@ TRACE_POINTS = 100
 SMOOTH_BLOCKS = 5
 QUICK_VARIANTS = tuple(VARIANTS)
 #: ``fit_svi`` settings copied from the posterior's record into each row.
-FIT_SETTINGS = ("guide", "num_steps", "batch_size", "lr", "lr_decay", "init_scale", "seed")
+FIT_SETTINGS = (
+    "guide", "num_steps", "batch_size", "lr", "lr_decay", "lr_warmup", "lr_schedule",
+    "init_scale", "seed",
+)  # fmt: skip
+#: The learning-rate settings of ``fit_svi``, which a task's ``fit_preset`` may set.
+RATE_SETTINGS = ("lr", "lr_decay", "lr_warmup", "lr_schedule")
 
 
 @dataclass(frozen=True)
@@ -160,8 +179,8 @@ class Task:
         draws: posterior draws of the evaluation.
         metrics: ``{metric: True if higher is better}``, all in the per-task table
             (``HEADLINE`` names those the claims are judged on).
-        lr: initial learning rate of the Transformer variants (the LSTM's is ``LR``).
-        lr_decay: their final learning rate as a fraction of ``lr`` (the LSTM's: 0.1).
+        rates: the learning-rate settings of the Transformer variants (``RATE_SETTINGS``; the
+            LSTM's are ``OLD_FIT``).
         sizes: the task's overrides of ``BASE`` for every Transformer variant.
     """
 
@@ -172,15 +191,14 @@ class Task:
     metrics: dict[str, bool]
     train_rows: int | None = None
     draws: int = 20
-    lr: float = LR
-    lr_decay: float = 0.1
+    rates: dict = field(default_factory=lambda: dict(OLD_FIT))
     sizes: dict = field(default_factory=dict)
 
 
 TASKS = {
     "digits": Task("digits", 1500, 128, None, {"accuracy": True, "nll": False, "ece": False}),
     # the text tasks' Transformers take the text recipe (the models' defaults and the CLI's
-    # fit_preset lr and lr_decay; benchmarks/studies/text_recipe.py); the LSTM rows keep LR,
+    # fit_preset learning rate; benchmarks/studies/text_recipe.py); the LSTM rows keep LR,
     # the tenfold decay and the hidden size matched to the base Transformer before the recipe
     "wordseg": Task(
         "pydoc-wordseg",
@@ -188,8 +206,7 @@ TASKS = {
         32,
         200,
         {"boundary_f1": True, "token_accuracy": True, "nll": False, "ece": False},
-        lr=TaggingTask.fit_preset["lr"],
-        lr_decay=TaggingTask.fit_preset["lr_decay"],
+        rates={k: v for k, v in TaggingTask.fit_preset.items() if k in RATE_SETTINGS},
         sizes=TEXT_SIZES["wordseg"],
     ),
     "lm": Task(
@@ -198,8 +215,7 @@ TASKS = {
         32,
         200,
         {"perplexity": False, "nll": False, "ece": False},
-        lr=LanguageModelingTask.fit_preset["lr"],
-        lr_decay=LanguageModelingTask.fit_preset["lr_decay"],
+        rates={k: v for k, v in LanguageModelingTask.fit_preset.items() if k in RATE_SETTINGS},
         sizes=TEXT_SIZES["lm"],
     ),
 }
@@ -404,7 +420,7 @@ def run_row(key: str, ctx: Context) -> dict:
     else:
         model = transformer(name, meta, **VARIANTS[variant])
     fit_seed = ctx.seed + seed
-    svi = dict(batch_size=task.batch_size, lr=task.lr, lr_decay=task.lr_decay, device=ctx.device)
+    svi = dict(batch_size=task.batch_size, **task.rates, device=ctx.device)
     svi |= dict(seed=fit_seed, **VARIANT_FIT.get(variant, {}))
     step_seconds, setup_seconds, num_steps = None, None, task.num_steps
     if task.num_steps > PILOT_STEPS:
@@ -706,12 +722,23 @@ def _settings_lines(groups) -> list[str]:
         lines.append(
             f"- {name}: {' / '.join(f'{n:,}' for n in steps)} steps"
             + (f" ({cut} rows cut by the budget)" if cut else "")
-            + f", batch {s['batch_size']}, lr {s['lr']:g} decaying to {s['lr'] * s['lr_decay']:g}, "
+            + f", batch {s['batch_size']}, {_rate_text(s)}, "
             f"{s['num_train']:,} training / {s['num_test']:,} test rows, {s['draws']} draws; base "
             f"Transformer {fmt(base['total'])} parameters ({fmt(base['deterministic'])} "
             f"deterministic + {fmt(base['latent'])} latent){lstm_text}."
         )
     return lines
+
+
+def _rate_text(settings: dict) -> str:
+    """The learning rate of a row's settings in words (rows before the warm-up lack it)."""
+    lr, final = settings["lr"], settings["lr"] * settings["lr_decay"]
+    warmup = settings.get("lr_warmup", 0.0)
+    text = f"lr {lr:g}" + (f" after a warm-up over {warmup:.0%} of the steps" if warmup else "")
+    shape = settings.get("lr_schedule", "exponential")
+    if final == lr:
+        return text + " held constant"
+    return text + f" decaying to {final:g}" + (" along a cosine" if shape == "cosine" else "")
 
 
 def _reading(outcomes: list[dict], figures: dict[str, dict], groups) -> list[str]:

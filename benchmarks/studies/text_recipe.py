@@ -10,7 +10,8 @@ is a dict of Transformer keyword overrides (``model``) and ``fit_svi`` overrides
 of the remaining steps (``fit_svi(init_from=...)``, the MAP warm start).
 
 Round 1 changes one factor at a time (``ROUND1``); round 2 combines the winners (``ROUND2``),
-round 3 the best of round 2 with what a MAP fit of it showed (``ROUND3``).
+round 3 the best of round 2 with what a MAP fit of it showed (``ROUND3``), round 4
+learning-rate warm-up on round 3's best (``ROUND4``).
 Rows are ``task/recipe/seed`` and are kept in ``--results`` (JSON), so a run resumes where it
 stopped and rows can be run in parallel processes (one per core, ``--only``)::
 
@@ -120,7 +121,50 @@ ROUND3: dict[str, dict] = {
         5.0, 13, model={"d_ff": 120}, fit={"lr": 3e-2, "lr_decay": 1.0}
     ),
 }
-ROUNDS = {1: ROUND1, 2: ROUND2, 3: ROUND3}
+
+
+#: Learning-rate warm-up (the last factor of the issue's list not yet tried) on round 3's best:
+#: the rate rises linearly to ``lr`` over the warm-up steps (Vaswani et al. 2017; Xiong et al.
+#: 2020 on pre-norm), then is held or decays to 0 along a cosine (``fit_svi``'s ``lr_warmup``,
+#: ``lr_schedule``). A warm-up may let a higher rate train without lr 6e-2's early blow-up.
+def scheduled(task: str, scale: float, kernel: int, lr: str, warmup: int, shape: str, **model):
+    """``combined(scale, kernel)`` fitted at ``lr`` after ``warmup`` steps of warm-up, then
+    held (``"constant"``) or decaying to 0 (``"cosine"``)."""
+    fit = dict(
+        lr=float(lr),
+        lr_warmup=warmup / TASKS[task].num_steps,
+        lr_schedule="cosine" if shape == "cosine" else "exponential",
+        lr_decay=0.0 if shape == "cosine" else 1.0,
+    )
+    return combined(scale, kernel, model=model, fit=fit)
+
+
+ROUND4: dict[str, dict] = {
+    f"alibi{scale}+conv{kernel}{'+dff124' if d_ff else ''}+lr{lr}+warmup{warmup}"
+    f"{'+cosine' if shape == 'cosine' else ''}": scheduled(
+        "wordseg" if d_ff else "lm",
+        float(scale),
+        kernel,
+        lr,
+        warmup,
+        shape,
+        **({"d_ff": d_ff} if d_ff else {}),
+    )  # fmt: skip
+    for scale, kernel, d_ff, lr, warmup, shape in (
+        # word segmentation: round 3's best, then the rate and warm-up around the winner
+        (5, 9, 124, "3e-2", 100, "constant"),
+        (5, 9, 124, "6e-2", 100, "constant"),
+        (5, 9, 124, "6e-2", 100, "cosine"),
+        (5, 9, 124, "1e-1", 100, "cosine"),
+        (5, 9, 124, "3e-2", 100, "cosine"),
+        (5, 9, 124, "4e-2", 100, "cosine"),
+        (5, 9, 124, "6e-2", 200, "cosine"),
+        # the LM's best (alibi2+conv5, lr 3e-2 held constant) with the word-segmentation winner
+        (2, 5, None, "3e-2", 100, "cosine"),
+        (2, 5, None, "6e-2", 100, "cosine"),
+    )
+}
+ROUNDS = {1: ROUND1, 2: ROUND2, 3: ROUND3, 4: ROUND4}
 RECIPES = {name: recipe for rnd in ROUNDS.values() for name, recipe in rnd.items()}
 
 
@@ -158,7 +202,10 @@ def run_row(key: str, data_seed: int = 0) -> dict:
         "parameters": parameter_counts(model, train)["total"],
         "fit_seconds": round(seconds, 1),
         "config": model.config,
-        "fit": {k: post.record[k] for k in ("num_steps", "batch_size", "lr", "lr_decay")},
+        "fit": {
+            k: post.record.get(k)
+            for k in ("num_steps", "batch_size", "lr", "lr_decay", "lr_warmup", "lr_schedule")
+        },
     }
 
 

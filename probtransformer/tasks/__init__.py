@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from probtransformer.tasks._base import Evaluation, ReportContext, Task
+from probtransformer.tasks._tokens import LM_FIT, TAGGER_FIT
 from probtransformer.tasks.classification import ClassificationTask
 from probtransformer.tasks.forecasting import ForecastingTask
 from probtransformer.tasks.language_modeling import LanguageModelingTask
@@ -88,6 +89,8 @@ def task_of(model: Any) -> Task:
 
 
 __all__ = [
+    "LM_FIT",
+    "TAGGER_FIT",
     "TASKS",
     "Evaluation",
     "ReportContext",

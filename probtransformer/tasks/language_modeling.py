@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from probtransformer.tasks._base import Evaluation, ReportContext
-from probtransformer.tasks._tokens import TokenTask, real_steps, token_predictions
+from probtransformer.tasks._tokens import LM_FIT, TokenTask, real_steps, token_predictions
 
 SAMPLES_FILE = "samples.json"
 #: Greedy continuations of SAMPLE_TOKENS tokens after the first SAMPLE_PROMPT_LEN characters of
@@ -26,10 +26,9 @@ class LanguageModelingTask(TokenTask):
     from ``models.generate``); the report shows those samples."""
 
     name = "language-modeling"
-    # the text recipe's fit (benchmarks/studies/text_recipe.py; the library's lr 3e-3 learns
-    # text too slowly, and held constant it learns faster than decaying): the claims
-    # benchmark's budget for the character LM
-    fit_preset = {"lr": 3e-2, "lr_decay": 1.0, "batch_size": 32, "num_steps": 1200}
+    # the text recipe's learning rate (LM_FIT) and the claims benchmark's budget for
+    # the character LM
+    fit_preset = {**LM_FIT, "batch_size": 32, "num_steps": 1200}
     files = (SAMPLES_FILE,)
     sections = {"samples": "Generated text"}
     headline = {"accuracy": "", "nll": "nats", "mean_epistemic": "nats", "perplexity": ""}

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from probtransformer.tasks._base import ECE_BINS, Evaluation, ReportContext
-from probtransformer.tasks._tokens import TokenTask, real_steps, token_predictions
+from probtransformer.tasks._tokens import TAGGER_FIT, TokenTask, real_steps, token_predictions
 from probtransformer.tasks.classification import RELIABILITY_FILE, write_reliability
 
 
@@ -18,10 +18,9 @@ class TaggingTask(TokenTask):
     diagram."""
 
     name = "tagging"
-    # the text recipe's fit (benchmarks/studies/text_recipe.py; the library's lr 3e-3 learns
-    # text too slowly, and held constant it learns faster than decaying): the claims
-    # benchmark's budget for word segmentation
-    fit_preset = {"lr": 3e-2, "lr_decay": 1.0, "batch_size": 32, "num_steps": 1000}
+    # the text recipe's learning rate (TAGGER_FIT) and the claims benchmark's budget for
+    # word segmentation
+    fit_preset = {**TAGGER_FIT, "batch_size": 32, "num_steps": 1000}
     files = (RELIABILITY_FILE,)
     sections = {"reliability": "Reliability"}
     headline = {

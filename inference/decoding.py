@@ -116,7 +116,7 @@ class NextTokenDecoder:
     def held(self) -> Iterator[None]:
         """The context of the steps: no gradients, own param store, seeded, MC dropout on,
         the model's sample-value cache open and, with a single pass, its parameters swapped
-        for tensors once (several passes swap at each step)."""
+        for tensors once (several passes swap at each step) and its attributes pinned."""
         with contextlib.ExitStack() as stack:
             stack.enter_context(pyro_scope())
             stack.enter_context(torch.inference_mode())
@@ -125,6 +125,7 @@ class NextTokenDecoder:
             stack.enter_context(self.model._pyro_context)
             if len(self.passes) == 1:
                 stack.enter_context(_reparametrize_module(self.model, self.passes[0].parameters))
+                stack.enter_context(_pinned(self.model))
             yield
 
     def step(self, history: torch.Tensor, new: int) -> torch.Tensor:
@@ -156,6 +157,27 @@ class NextTokenDecoder:
                 cache.advance(feed.shape[1])
             probs.append(torch.softmax(logits, -1).expand(p.num, *logits.shape[1:]))
         return torch.cat(probs).cpu()
+
+
+@contextlib.contextmanager
+def _pinned(model: nn.Module) -> Iterator[None]:
+    """Every module's submodules, parameters and buffers also set in its instance ``__dict__``
+    (removed on exit), where attribute lookup finds them before ``nn.Module.__getattr__`` and
+    ``PyroModule.__getattr__`` run: about 70 lookups per decoding step, a tenth of its time.
+    The values are those already swapped in, which the steps do not reassign; the latent
+    sites (``PyroSample``) are not pinned and keep going through Pyro."""
+    pinned = []
+    for module in model.modules():
+        for name, value in (*module._modules.items(), *module._parameters.items(),
+                            *module._buffers.items()):  # fmt: skip
+            if value is not None and name not in module.__dict__:
+                module.__dict__[name] = value
+                pinned.append((module, name))
+    try:
+        yield
+    finally:
+        for module, name in pinned:
+            del module.__dict__[name]
 
 
 __all__ = ["NextTokenDecoder"]

@@ -67,9 +67,16 @@ def test_cached_steps_equal_full_passes(scheme):
         torch.randint(0, V, (3, 4), generator=g),
         torch.randint(0, V, (3, 6), generator=g),
     )
+    before = {name: dict(vars(m)) for name, m in post.model.named_modules()}
     full = _steps(post, draws, prompt, extra, cache=False)
     cached = _steps(post, draws, prompt, extra, cache=True)
     assert full.shape == (7, 4, 3, V)
+    # the attributes pinned for the steps are gone, the parameters are the model's again
+    after = {name: vars(m) for name, m in post.model.named_modules()}
+    assert {n: set(v) - {"attention_weights"} for n, v in after.items()} == {
+        n: set(v) - {"attention_weights"} for n, v in before.items()
+    }
+    assert all(isinstance(p, torch.nn.Parameter) for p in post.model.parameters())
     torch.testing.assert_close(cached, full, atol=1e-5, rtol=1e-5)
     # and the full passes are Posterior.predict's numbers for the same draws
     history = torch.cat([prompt, extra], 1)

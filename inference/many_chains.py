@@ -299,11 +299,10 @@ def map_fit(
     check: Callable[[torch.Tensor, list[torch.Tensor], int], None] | None = None,
     desc: str = "MAP starts",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """MAP fits of every start at once: Adam (``lr`` with ``fit_svi``'s schedule: warm-up, then
-    decaying to ``lr * lr_decay``) on the
-    ``(M, D)`` states, and on ``density.parameters`` when it holds per-start plain parameters
-    (updated in place), mini-batches of ``batch_size`` rows (every row when the model has local
-    latents).
+    """MAP fits of every start at once: Adam (``lr`` on ``fit_svi``'s schedule: warm-up, then
+    decaying to ``lr * lr_decay``) on the ``(M, D)`` states, and on ``density.parameters`` when
+    it holds per-start plain parameters (updated in place), mini-batches of ``batch_size`` rows
+    (every row when the model has local latents).
 
     Each start's gradient depends only on its own values (the starts are the draw dim), and
     Adam is elementwise, so the M fits equal M separate ones on the same mini-batches. A start

@@ -169,8 +169,9 @@ def fit_svi(
         lr_decay: final learning rate as a fraction of ``lr``, in (0, 1] (exponential) or
             [0, 1] (cosine); 1 holds it constant after the warm-up.
         lr_warmup: the fraction of ``num_steps``, in [0, 1), over which the rate rises
-            linearly to ``lr`` (from ``lr`` over the warm-up steps); it lets a higher ``lr``
-            train without the first steps' blow-up (the text models' recipe, ``BENCHMARKS.md``).
+            linearly to ``lr`` (``lr * (t + 1) / W`` at step ``t`` of the
+            ``W = round(lr_warmup * num_steps)`` warm-up steps); it lets a higher ``lr`` train
+            without the first steps' blow-up (the tagger's recipe, ``BENCHMARKS.md``).
         lr_schedule: ``"exponential"`` or ``"cosine"``: the decay after the warm-up.
         num_particles: ELBO particles per step.
         init_scale: initial guide standard deviation.

@@ -348,7 +348,10 @@ def test_the_preset_num_starts_yields_to_the_users_chains_or_init(given, starts)
     assert with_mcmc_preset(args).num_starts == starts
 
 
-def test_cli_kernel_names_are_the_library_ones():
+def test_cli_kernel_and_schedule_names_are_the_library_ones():
+    from probtransformer.inference import schedule
+
+    assert options.LR_SCHEDULES == schedule.LR_SCHEDULES
     assert options.KERNELS == mcmc_module.KERNELS
     assert options.MANY_CHAIN_KERNELS == mcmc_module.MANY_CHAIN_KERNELS
     assert options.INITS == many_chains.INITS

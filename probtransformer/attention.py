@@ -59,6 +59,11 @@ def amortized(guide) -> Iterator[None]:
         _AMORTIZED_GUIDE.reset(token)
 
 
+def _active(per_head: torch.Tensor, heads: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """``per_head[:, heads]``, without the gather (a copy) when every head is active."""
+    return per_head if len(heads) == num_heads else per_head[:, heads]
+
+
 def masked_softmax(logits: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
     """Softmax over the last dim restricted to ``allowed`` entries.
 
@@ -341,13 +346,13 @@ class BayesMultiheadAttention(PyroModule):
         # logits, fewer operations whenever T > d_head
         scale = 1.0 / math.sqrt(hs)
         if priors.LogitScalePrior in self.priors:
-            tau = flatten_draws(self.logit_scale, 1)[:, heads]  # (s, H')
+            tau = _active(flatten_draws(self.logit_scale, 1), heads, self.num_heads)  # (s, H')
             scale = tau.view(tau.shape[0], 1, nh, 1, 1) * scale
         logits = (q * scale) @ k.transpose(-1, -2)  # (S, N, H', Tq, Tk)
         allowed = _allowed(key_padding_mask, attn_mask)
         prior_terms = 0.0
         if priors.ALiBiSlopePrior in self.priors:
-            slope = flatten_draws(self.alibi_slope, 1)[:, heads]  # (s, H')
+            slope = _active(flatten_draws(self.alibi_slope, 1), heads, self.num_heads)  # (s, H')
             offsets = torch.arange(first_query, first_query + Tq, device=logits.device)[
                 :, None
             ] - torch.arange(Tk, device=logits.device)

@@ -152,6 +152,7 @@ def run_many_chains(
             step_size=step_size,
             trajectory_length=trajectory_length,
             target_accept_prob=target_accept_prob,
+            superchain=torch.tensor(superchain, device=device),
         )
         draws = _chees_draws(sampler, z0, num_warmup, num_samples)
     else:

@@ -6,6 +6,9 @@
   size by dual averaging (Hoffman & Gelman 2014) on the harmonic mean of the chains'
   acceptance probabilities, the trajectory length by Adam on the ChEES criterion, and a
   diagonal mass matrix from the moments pooled over chains and window draws (Stan's windows).
+  Both use moments within superchains (chains sharing a start): chains from different MAP
+  starts sit in different modes, and centring them on one mean measures the distance between
+  the modes, not the posterior's scale around each.
   References: BlackJAX ``chees_adaptation``, TFP ``GradientBasedTrajectoryLengthAdaptation``.
 - ``MCLMC``: microcanonical Langevin Monte Carlo (Robnik, De Luca, Silverstein & Seljak, JMLR
   2023; Robnik & Seljak 2024): isokinetic dynamics with partial velocity refreshment, tuned as
@@ -123,12 +126,34 @@ def warmup_windows(num_warmup: int) -> list[tuple[int, int]]:
     return windows
 
 
-def regularized_variance(total: torch.Tensor, squares: torch.Tensor, n: int) -> torch.Tensor:
-    """Stan's regularised diagonal metric ``n/(n+5) var + 1e-3 * 5/(n+5)`` from the sums of
-    ``n`` draws and of their squares (``(D,)`` each, float64)."""
-    mean = total / n
-    var = (squares - n * mean * mean) / max(n - 1, 1)
-    return (n / (n + 5.0) * var + 1e-3 * 5.0 / (n + 5.0)).clamp_min(1e-8)
+def regularized_variance(
+    total: torch.Tensor, squares: torch.Tensor, n: int, groups: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Stan's regularised diagonal metric ``n/(n+5) var + 1e-3 * 5/(n+5)`` from per-chain sums
+    of ``n`` draws each and of their squares (``(K, D)`` each, float64).
+
+    ``var`` is the variance within the ``groups`` (``(K,)`` superchain indices; None: one
+    group), pooled over them: chains of different superchains may sit in different modes, and
+    the distance between modes is not the posterior's scale within one."""
+    if groups is None:
+        groups = torch.zeros(len(total), dtype=torch.long, device=total.device)
+    counts = torch.bincount(groups).to(total.dtype)
+    group_total = total.new_zeros(len(counts), total.shape[1]).index_add_(0, groups, total)
+    used = counts > 0
+    between = (group_total[used].square() / (n * counts[used, None])).sum(0)
+    squared_deviation = squares.sum(0) - between
+    draws = n * len(total)
+    var = squared_deviation / max(draws - int(used.sum()), 1)
+    return (draws / (draws + 5.0) * var + 1e-3 * 5.0 / (draws + 5.0)).clamp_min(1e-8)
+
+
+def centered(x: torch.Tensor, groups: torch.Tensor | None) -> torch.Tensor:
+    """``x`` ``(K, D)`` less the mean of its row's group (``(K,)`` indices; None: of all rows)."""
+    if groups is None:
+        return x - x.mean(0)
+    counts = torch.bincount(groups).clamp_min(1).to(x.dtype)
+    means = x.new_zeros(len(counts), x.shape[1]).index_add_(0, groups, x) / counts[:, None]
+    return x - means[groups]
 
 
 @dataclass
@@ -166,6 +191,9 @@ class ChEES:
         max_leapfrog_steps: most leapfrog steps per transition (BlackJAX's 1000).
         learning_rate: Adam's learning rate on ``log T`` (no momentum, squared-gradient
             average rate 0.5, as TFP's adaptation), each change clipped to ±0.35.
+        superchain: ``(K,)`` index of each chain's superchain (the chains that share a
+            start); the ChEES criterion and the mass matrix use moments within superchains
+            when each has two chains or more. None: all chains are one.
 
     Attributes:
         gradients: chain-gradients evaluated so far (leapfrog steps times chains).
@@ -182,6 +210,7 @@ class ChEES:
         target_accept_prob: float = CHEES_TARGET_ACCEPT,
         max_leapfrog_steps: int = 1000,
         learning_rate: float = 0.05,
+        superchain: torch.Tensor | None = None,
     ) -> None:
         self.density = density
         self.rng = rng
@@ -191,6 +220,9 @@ class ChEES:
         self.target_accept_prob = target_accept_prob
         self.max_leapfrog_steps = max_leapfrog_steps
         self.learning_rate = learning_rate
+        if superchain is not None and int(torch.bincount(superchain).min()) < 2:
+            superchain = None  # a lone chain has no spread around its superchain's mean
+        self.superchain = superchain
         self.t = 0
         self.gradients = 0
 
@@ -274,7 +306,8 @@ class ChEES:
         if ok.sum() < 2 or float(accept[ok].sum()) <= 0:
             return
         z0, z1, v1, a = state.z[ok], proposal.z[ok], velocity[ok], accept[ok]
-        c0, c1 = z0 - z0.mean(0), z1 - z1.mean(0)
+        groups = None if self.superchain is None else self.superchain[ok]
+        c0, c1 = centered(z0, groups), centered(z1, groups)
         T = math.exp(self.log_T)
         per_chain = (c1.square().sum(1) - c0.square().sum(1)) * (c1 * v1).sum(1)
         gradient = float((a * jitter * T * per_chain).sum() / a.sum())  # d ChEES / d log T
@@ -290,9 +323,10 @@ class ChEES:
 
     def _adapt_mass(self, state: ChainState, accept: torch.Tensor) -> None:
         """Sum every chain's positions over the current window; at its end, set the inverse
-        mass matrix to the regularised variance pooled over the chains that moved (mean
-        acceptance >= ``MOVING_ACCEPTANCE``; every chain if fewer than two did), and restart
-        the step-size adaptation. A stuck chain would add its distance from the others."""
+        mass matrix to the regularised variance within superchains, pooled over the chains
+        that moved (mean acceptance >= ``MOVING_ACCEPTANCE``; every chain if fewer than two
+        did), and restart the step-size adaptation. A stuck chain would add its distance from
+        the others."""
         if not self._windows:
             return
         start, end = self._windows[0]
@@ -310,9 +344,8 @@ class ChEES:
             moving = accepted / n >= MOVING_ACCEPTANCE
             if moving.sum() < 2:
                 moving = torch.ones_like(moving)
-            pooled = regularized_variance(
-                total[moving].sum(0), squares[moving].sum(0), n * int(moving.sum())
-            )
+            groups = None if self.superchain is None else self.superchain[moving]
+            pooled = regularized_variance(total[moving], squares[moving], n, groups)
             self.inv_mass = pooled.to(state.z.dtype)
             self._windows.pop(0)
             self._sums = None

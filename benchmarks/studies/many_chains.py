@@ -197,9 +197,14 @@ def convergence(
     train_rows: int,
     test_rows: int,
     seed: int = 0,
+    init: str = "ensemble",
+    bayesian: Sequence[str] = MODEL["bayesian"],
+    progress: bool = False,
 ) -> dict:
-    """The convergence row: ChEES from ensemble starts on the 780-latent classifier (digits,
-    ``seed``), judged as ``diagnose`` judges many chains.
+    """The convergence row: ChEES from ``init`` starts on the classifier of the NUTS benchmark
+    (digits, ``seed``), judged as ``diagnose`` judges many chains. Every part is latent by
+    default (780 latents); with fewer ``bayesian`` parts the others are point estimates (one
+    shared MAP fit for prior starts, one per start for MAP and ensemble starts).
 
     Returns nested R-hat, R-hat and pooled bulk ESS of ``lp`` and of the log-likelihoods of the
     first ``diagnostics.PROBE_OBS`` training rows (worst over the rows), the largest weight-space
@@ -210,9 +215,9 @@ def convergence(
     train, test = load_data(train_rows, test_rows, seed)
     start = time.perf_counter()
     post = fit_mcmc(
-        SequenceClassifier(**MODEL), train, kernel="chees", num_chains=num_chains,
-        num_starts=num_starts, init="ensemble", num_warmup=num_warmup, num_samples=num_samples,
-        map_steps=500, seed=seed, progress=False,
+        SequenceClassifier(**{**MODEL, "bayesian": tuple(bayesian)}), train, kernel="chees",
+        num_chains=num_chains, num_starts=num_starts, init=init, num_warmup=num_warmup,
+        num_samples=num_samples, map_steps=500, seed=seed, progress=progress,
     )  # fmt: skip
     seconds = time.perf_counter() - start
     table = post.diagnose(train, verbose=False)
@@ -220,6 +225,9 @@ def convergence(
     weights = table.drop(index="attention", errors="ignore")
     mean = post.predict(test.x, test.mask, num_samples=None, seed=seed).mean
     return dict(
+        init=init,
+        bayesian=list(bayesian),
+        latents=sum(v[0, 0].numel() for v in post.samples.values()),
         num_chains=num_chains,
         num_starts=num_starts,
         num_warmup=num_warmup,
@@ -365,6 +373,16 @@ def _parse(argv):
         help="only the convergence row (ChEES on --train-rows digits; nested R-hat of the probe "
         "log-likelihoods)",
     )
+    parser.add_argument(
+        "--init", choices=("prior", "map", "ensemble"), default="ensemble", help="--convergence"
+    )
+    parser.add_argument(
+        "--bayesian",
+        nargs="+",
+        default=list(MODEL["bayesian"]),
+        help="--convergence: the latent parts (the others are MAP point estimates)",
+    )
+    parser.add_argument("--progress", action="store_true", help="--convergence: a progress bar")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
@@ -386,9 +404,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
         row = convergence(
             num_chains=args.num_chains, num_starts=args.num_starts, num_warmup=args.chees_warmup,
             num_samples=args.chees_samples, train_rows=args.train_rows,
-            test_rows=args.test_rows, seed=args.seed,
+            test_rows=args.test_rows, seed=args.seed, init=args.init, bayesian=args.bayesian,
+            progress=args.progress,
         )  # fmt: skip
-        print(json.dumps(row, indent=1))
+        print(json.dumps(row, indent=1, default=str))
         return row
     before = os.getloadavg()[0]
     grads = chain_gradients(

@@ -186,6 +186,41 @@ def test_the_metropolis_correction_keeps_a_standard_normal_exact_at_a_large_step
     assert float(state.z.mean().abs()) < 4.5 / math.sqrt(2 * chains)
 
 
+def two_modes(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log density and gradient of ``N(-10, I_2) / 2 + N(10, I_2) / 2`` at ``z`` ``(K, 2)``."""
+    z = z.detach().requires_grad_(True)
+    lp = torch.logsumexp(torch.stack([-0.5 * (z + m).square().sum(1) for m in (10, -10)]), 0)
+    return lp.detach(), torch.autograd.grad(lp.sum(), z)[0]
+
+
+@pytest.mark.parametrize("superchains", [True, False])
+def test_chees_adapts_within_superchains_started_in_different_modes(superchains):
+    """32 chains, superchain 0 started in the mode at -10 and superchain 1 in the one at +10
+    (as ensemble starts land in different modes): with the superchains given, the mass matrix
+    is the variance within a mode (1) and the step size a unit-scale Gaussian's (0.91 here).
+    Pooled over all chains, the variance is the distance between the modes (about 100), and
+    the step size shrinks tenfold (0.09) to make up for it."""
+    chains = 32
+    superchain = torch.arange(chains) // (chains // 2)
+    z0 = torch.where(superchain[:, None] == 0, -10.0, 10.0).expand(chains, 2).clone()
+    sampler = samplers.ChEES(
+        two_modes,
+        ChainRNG(0, chains, CPU),
+        150,
+        superchain=superchain if superchains else None,
+    )
+    state = sampler.init(z0)
+    for _ in range(150):
+        state, _ = sampler.step(state, adapt=True)
+    assert torch.equal(state.z[:16] < 0, torch.ones(16, 2, dtype=torch.bool))  # no mode switch
+    if superchains:
+        assert ((sampler.inv_mass > 0.5) & (sampler.inv_mass < 2.0)).all(), sampler.inv_mass
+        assert sampler.step_size > 0.5, sampler.step_size
+    else:
+        assert (sampler.inv_mass > 50.0).all(), sampler.inv_mass
+        assert sampler.step_size < 0.3, sampler.step_size
+
+
 @pytest.fixture(scope="module")
 def schools() -> SequenceData:
     return SequenceData(torch.tensor(SIGMA)[:, None], torch.tensor(Y))

@@ -642,7 +642,13 @@ def layer_norm_figures(base: list[dict], noln: list[dict]) -> dict:
     steps_n = [steps_to_reach(r, threshold) for r in noln]
     mb, mn = _median_steps(steps_b), _median_steps(steps_n)
     spread = max(_sd([s for s in steps if s is not None]) for steps in (steps_b, steps_n))
-    if math.isinf(mb) or math.isinf(mn):
+    base_start = min(float(smoothed(r)[0]) for r in base)
+    if float(np.median(fn)) >= base_start:  # both "reach" it at their first recorded step
+        verdict = (
+            f"yes (noln's median final loss {float(np.median(fn)):,.1f} is above base's "
+            f"first recorded loss {base_start:,.1f}: noln did not learn)"
+        )
+    elif math.isinf(mb) or math.isinf(mn):
         verdict = "yes" if mb < mn else "no" if mn < mb else "neither reached"
     elif math.isnan(spread):
         verdict = "too few seeds"

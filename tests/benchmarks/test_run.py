@@ -104,3 +104,26 @@ def test_bad_results_and_device_combinations_are_refused(tmp_path, capsys):
     with pytest.raises(ValueError, match="two markers once each"):
         run.write_markdown(f"{run.BEGIN}\nnew\n{run.END}\n", md)
     assert md.read_text() == f"text\n{run.BEGIN}\nno end marker\n"
+
+
+def _loss_row(trace: list[float]) -> dict:
+    return {"loss_trace": trace, "loss_trace_steps": list(range(10, 10 * len(trace) + 1, 10)),
+            "diverged_at": None}  # fmt: skip
+
+
+def test_layer_norm_convergence_says_when_noln_never_learned():
+    """noln's loss rises from base's start to 1,900 (1,501 over its last 5 points): both reach
+    that at their first point, so the steps would tie (a "within noise" verdict); the verdict
+    says noln did not learn."""
+    from benchmarks import claims
+
+    base = [_loss_row([100.0 - 9 * i + s for i in range(10)]) for s in range(3)]
+    noln = [_loss_row([100.0 + 200 * i + s for i in range(10)]) for s in range(3)]
+    figures = claims.layer_norm_figures(base, noln)
+    assert figures["median_steps_base"] == figures["median_steps_noln"] == 10
+    assert figures["convergence_verdict"].startswith(
+        "yes (noln's median final loss 1,501.0 is above base's first recorded loss 100.0"
+    )
+    assert "noln did not learn" in figures["convergence_verdict"]
+    learning = [_loss_row([100.0 - 5 * i + s for i in range(10)]) for s in range(3)]
+    assert "did not learn" not in claims.layer_norm_figures(base, learning)["convergence_verdict"]

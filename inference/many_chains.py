@@ -30,8 +30,9 @@ from tqdm.auto import tqdm
 from probtransformer.inference._runtime import pyro_scope, reinitialised_copy, seeded
 from probtransformer.inference.distributed import DataParallel, broadcast_state
 from probtransformer.inference.engine import activation_bytes
+from probtransformer.inference.mclmc import MCLMC
 from probtransformer.inference.model_checks import DRAWS_DIM, DRAWS_PLATE
-from probtransformer.inference.samplers import MCLMC, ChainRNG, ChEES
+from probtransformer.inference.samplers import ChainRNG, ChEES
 from probtransformer.inference.schedule import lr_scheduler
 from probtransformer.inference.vectorized import VectorizedDensity
 

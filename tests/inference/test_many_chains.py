@@ -22,7 +22,14 @@ from pyro.nn import PyroModule, PyroSample
 
 from probtransformer.block import BAYESIAN_PARTS
 from probtransformer.datasets import SequenceData
-from probtransformer.inference import Posterior, fit_mcmc, load_posterior, many_chains, samplers
+from probtransformer.inference import (
+    Posterior,
+    fit_mcmc,
+    load_posterior,
+    many_chains,
+    mclmc,
+    samplers,
+)
 from probtransformer.inference.samplers import ChainRNG
 from probtransformer.inference.vectorized import VectorizedDensity
 from probtransformer.models import BayesianLinearRegression, SequenceClassifier
@@ -452,7 +459,7 @@ def no_sampling(monkeypatch):
         raise AssertionError("sampling started")
 
     monkeypatch.setattr(samplers.ChEES, "init", fail)
-    monkeypatch.setattr(samplers.MCLMC, "init", fail)
+    monkeypatch.setattr(mclmc.MCLMC, "init", fail)
 
 
 @pytest.mark.parametrize("model", [SumsOverDraws, AveragesOverDraws])

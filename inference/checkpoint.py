@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import warnings
+import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -73,8 +75,17 @@ def load_checkpoint(path: str | os.PathLike) -> tuple[dict, dict]:
         raise FileNotFoundError(f"{path} is not an SVI checkpoint (no {_META} / {_STATE})")
     meta = read_versioned_json(path / _META, CHECKPOINT_VERSION, "checkpoint format_version")
     try:
-        state = torch.load(path / _STATE, map_location="cpu", weights_only=True)
-    except (RuntimeError, pickle.UnpicklingError, EOFError, OSError) as e:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's advice to unpickle is not for strangers
+            state = torch.load(path / _STATE, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        if not zipfile.is_zipfile(path / _STATE):  # torch.save writes a zip archive
+            raise ValueError(f"{path / _STATE} is damaged: not a torch file") from e
+        raise ValueError(
+            f"{path / _STATE} holds pickled objects, not only tensors: refused (a checkpoint "
+            "is tensors; loading never unpickles objects)"
+        ) from e
+    except (RuntimeError, EOFError, OSError) as e:
         raise ValueError(f"{path / _STATE} is damaged: {str(e).splitlines()[0]}") from e
     return meta, state
 

@@ -122,6 +122,16 @@ def test_resume_refuses_another_model_settings_or_data(data, tmp_path, change, m
         fit_svi(model, other, resume_from=path, **{**SETTINGS, **change.get("settings", {})})
 
 
+class _Touch:
+    """Unpickles to a call that creates ``path``: the marker that loading ran code."""
+
+    def __init__(self, path) -> None:
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
 def test_bad_checkpoints_and_arguments(data, tmp_path):
     path = tmp_path / "ckpt"
     fit_svi(_model(), data, checkpoint_every=10, checkpoint_dir=path, **SETTINGS)
@@ -135,6 +145,11 @@ def test_bad_checkpoints_and_arguments(data, tmp_path):
     (path / "state.pt").write_bytes(b"not a torch file")
     with pytest.raises(ValueError, match="damaged"):
         fit_svi(_model(), data, resume_from=path, **SETTINGS)
+    marker = tmp_path / "ran"
+    torch.save({"step": _Touch(marker)}, path / "state.pt")  # a stranger's pickle
+    with pytest.raises(ValueError, match="holds pickled objects, not only tensors: refused") as e:
+        fit_svi(_model(), data, resume_from=path, **SETTINGS)
+    assert not marker.exists() and "weights_only" not in str(e.value)  # no advice to unpickle
     with pytest.raises(ValueError, match="checkpoint_every needs checkpoint_dir"):
         fit_svi(_model(), data, checkpoint_every=5, **SETTINGS)
     with pytest.raises(ValueError, match="checkpoint_every must be >= 1"):

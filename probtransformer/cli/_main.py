@@ -10,6 +10,9 @@ from collections.abc import Sequence
 from probtransformer.cli._common import PROG, CLIError
 from probtransformer.cli.parser import build_parser
 
+#: Appended to an out-of-memory error: what the user can change.
+OOM_HINT = " (lower --num-samples or the model's sizes)"
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI.
@@ -28,6 +31,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # --help, or an argument error already reported on one line
         return e.code if isinstance(e.code, int) else 2
+    except KeyboardInterrupt:  # while the parser imports the libraries its defaults come from
+        return _fail(KeyboardInterrupt("nothing was written"), 130, "stopped")
     formatwarning = warnings.formatwarning
     warnings.formatwarning = _warning_line  # the library's warnings, as one line each
     try:
@@ -37,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FloatingPointError as e:  # NonFiniteELBOError: the fit diverged
         return _fail(e, 1)
     except MemoryError as e:
-        return _fail(MemoryError(f"out of memory: {e}"), 2)
+        return _fail(MemoryError(f"out of memory: {e}{OOM_HINT}"), 2)
     except RuntimeError as e:  # torch's allocation failures; under torchrun: a rank was lost
         from probtransformer.inference._runtime import is_out_of_memory
         from probtransformer.inference.distributed import RankLostError
@@ -45,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if is_out_of_memory(e):  # sizes too large for this machine: --d-model, --num-samples
             # torch's first line; Pyro appends a trace-shape table of every site (95 kB at
             # 1,024 layers)
-            return _fail(RuntimeError(f"out of memory: {str(e).splitlines()[0]}"), 2)
+            return _fail(RuntimeError(f"out of memory: {str(e).splitlines()[0]}{OOM_HINT}"), 2)
         if not isinstance(e, RankLostError):
             raise
         return _fail(e, 1)

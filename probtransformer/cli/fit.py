@@ -22,9 +22,8 @@ from probtransformer.cli.options import (
     MANY_CHAIN_KERNELS,
     MAP_FITS,
     check_applicable,
-    check_schedule_options,
     with_mcmc_preset,
-    with_preset,
+    with_svi_preset,
 )
 from probtransformer.cli.rundir import check_out, is_run_dir, write_run
 
@@ -67,8 +66,7 @@ def run(args: argparse.Namespace) -> int:
     if args.inference == "mcmc":
         args = with_mcmc_preset(args)
     else:
-        args = with_preset(args, task.fit_preset)
-        check_schedule_options(args)
+        args = with_svi_preset(args, task.fit_preset)
     parallel = _joined_process_group(args)
     try:
         return _run(args, task, guide, target, parallel, asked_batch_size)

@@ -202,6 +202,19 @@ def with_preset(args: argparse.Namespace, preset: dict[str, Any]) -> argparse.Na
     return args
 
 
+def with_svi_preset(args: argparse.Namespace, preset: dict[str, Any]) -> argparse.Namespace:
+    """``with_preset`` for a task's ``fit_preset``, then ``check_schedule_options``. The
+    preset's ``lr_decay`` belongs to its schedule: when ``--lr-schedule`` names another, the
+    library's default decay applies instead (the tagger's decay to 0 with an exponential
+    schedule would be refused for an option the user never gave)."""
+    preset = dict(preset)
+    if args.lr_schedule not in (None, preset.get("lr_schedule", "exponential")):
+        preset.pop("lr_decay", None)
+    args = with_preset(args, preset)
+    check_schedule_options(args)
+    return args
+
+
 def check_schedule_options(args: argparse.Namespace) -> None:
     """Refuse ``--lr-decay 0`` without a cosine schedule (after the presets filled the unset
     options), naming the options rather than ``fit_svi``'s parameters.

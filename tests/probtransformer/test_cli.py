@@ -608,6 +608,7 @@ def test_sizes_that_do_not_fit_in_memory_get_one_line(monkeypatch, tmp_path, cap
     assert main(["fit", "--out", str(tmp_path / "run"), *TINY]) == 2
     err = capsys.readouterr().err
     assert err.startswith("probtransformer: error: out of memory: DefaultCPUAllocator")
+    assert err.rstrip().endswith("(lower --num-samples or the model's sizes)")
     assert err.count("\n") == 1 and not (tmp_path / "run").exists()
 
 
@@ -670,6 +671,35 @@ def test_an_exponential_decay_to_zero_is_refused_naming_the_options(capsys):
     assert "the schedule is exponential, the default" in err
     assert main(["fit", *TINY, "--lr-decay", "0", "--lr-schedule", "exponential"]) == 2
     assert "the schedule is exponential\n" in capsys.readouterr().err
+
+
+def test_ctrl_c_while_the_arguments_are_parsed_is_one_line(monkeypatch, capsys, one_stop_line):
+    def impatient(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("argparse.ArgumentParser.parse_args", impatient)
+    assert main(["fit"]) == 130
+    assert "nothing was written" in one_stop_line(capsys)
+
+
+def test_a_task_presets_decay_gives_way_to_another_schedule():
+    # the tagger's preset decays to 0 on a cosine schedule; --lr-schedule exponential alone
+    # takes the library's default decay rather than refusing a --lr-decay 0 never given
+    from probtransformer.cli._common import CLIError
+    from probtransformer.cli.parser import build_parser
+    from probtransformer.inference import fit_svi
+    from probtransformer.tasks._tokens import TAGGER_FIT
+
+    with_svi_preset, parser = options.with_svi_preset, build_parser()
+    args = with_svi_preset(parser.parse_args(["fit", "--lr-schedule", "exponential"]), TAGGER_FIT)
+    assert args.lr_decay is None  # fit_svi's default applies
+    assert inspect.signature(fit_svi).parameters["lr_decay"].default > 0
+    assert args.lr == TAGGER_FIT["lr"] and args.lr_warmup == TAGGER_FIT["lr_warmup"]
+    args = with_svi_preset(parser.parse_args(["fit"]), TAGGER_FIT)
+    assert (args.lr_decay, args.lr_schedule) == (0.0, "cosine")  # the preset as a whole
+    given = parser.parse_args(["fit", "--lr-schedule", "exponential", "--lr-decay", "0"])
+    with pytest.raises(CLIError, match="--lr-decay 0 needs --lr-schedule cosine"):
+        with_svi_preset(given, TAGGER_FIT)
 
 
 def test_a_batch_larger_than_the_data_is_warned_about(tmp_path, capsys):

@@ -433,7 +433,9 @@ def build_parser() -> argparse.ArgumentParser:
         library_defaults=True,
     )
     generate.add_argument("--prompt", required=True, metavar="TEXT", help="text to continue")
-    generate.add_argument("--max-new-tokens", type=int, metavar="N", help="tokens to generate")
+    generate.add_argument(
+        "--max-new-tokens", type=positive_int, metavar="N", help="tokens to generate"
+    )
     generate.add_argument(
         "--strategy", choices=("greedy", "sample"), help="most probable token, or sample one"
     )
@@ -441,10 +443,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--temperature", type=float, metavar="T", help="> 0; below 1 sharpens, above 1 flattens"
     )
     generate.add_argument(
-        "--top-k", type=int, metavar="K", help="keep the K most probable tokens (>= 1)"
+        "--top-k", type=positive_int, metavar="K", help="keep the K most probable tokens (>= 1)"
     )
     generate.add_argument(
-        "--top-p", type=float, metavar="P", help="keep the nucleus of probability mass P, in (0, 1]"
+        "--top-p",
+        type=float_in(0, 1, above=True),
+        metavar="P",
+        help="keep the nucleus of probability mass P, in (0, 1]",
     )
     generate.add_argument(
         "--thompson",
@@ -452,7 +457,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="decode with one posterior draw chosen at the start (bayes_average=False) instead "
         "of the posterior predictive average",
     )
-    generate.add_argument("--num-samples", type=int, metavar="S", help="posterior draws")
+    generate.add_argument("--num-samples", type=positive_int, metavar="S", help="posterior draws")
     generate.add_argument("--seed", type=seed, metavar="N", help="seeds the draws and sampling")
     generate.add_argument(
         "--output", metavar="CSV", help="write the per-token table to this CSV file instead"

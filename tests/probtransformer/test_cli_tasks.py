@@ -228,13 +228,14 @@ def test_generate_sampling_is_seeded(lm_run, capsys):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--top-p", "0"], "top_p must be None or in (0, 1], got 0.0"),
-        (["--top-p", "1.5"], "top_p must be None or in (0, 1], got 1.5"),
-        (["--top-k", "0"], "top_k must be None or an integer >= 1, got 0"),
+        (["--top-p", "0"], "argument --top-p: expected a number in (0, 1], got '0'"),
+        (["--top-p", "1.5"], "argument --top-p: expected a number in (0, 1], got '1.5'"),
+        (["--top-k", "0"], "argument --top-k: expected an integer >= 1, got '0'"),
         (["--temperature", "0"], "temperature must be a finite number > 0, got 0.0"),
-        (["--max-new-tokens", "0"], "max_new_tokens must be >= 1"),
+        (["--max-new-tokens", "0"], "argument --max-new-tokens: expected an integer >= 1, got"),
+        (["--num-samples", "-1"], "argument --num-samples: expected an integer >= 1, got '-1'"),
         (["--strategy", "beam"], "invalid choice: 'beam'"),
-        (["--top-k", "two"], "argument --top-k: invalid int value"),
+        (["--top-k", "two"], "argument --top-k: expected an integer >= 1, got 'two'"),
     ],
 )
 def test_generate_bad_options(args, message, lm_run, capsys, one_error_line):

@@ -40,7 +40,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CLIError, ValueError, TypeError, OSError) as e:
         return _fail(e, 2)
     except FloatingPointError as e:  # NonFiniteELBOError: the fit diverged
-        return _fail(e, 1)
+        # the library's advice names fit_svi's parameters; the CLI has only --lr of them
+        message = str(e).replace(
+            "try a lower lr, a smaller init_scale, or tighter priors", "try a lower --lr"
+        )
+        return _fail(FloatingPointError(message), 1)
     except MemoryError as e:
         return _fail(MemoryError(f"out of memory: {e}{OOM_HINT}"), 2)
     except RuntimeError as e:  # torch's allocation failures; under torchrun: a rank was lost

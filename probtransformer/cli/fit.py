@@ -45,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
             is written to the run directory, and the fitted posterior is saved next to it
             (``OUT.posterior``, or ``OUT.posterior-2`` ... when that exists; loaded by
             ``inference.load_posterior``) so the fit is not lost.
+        FloatingPointError: the SVI fit diverged; its last finite state is kept the same way.
     """
     from probtransformer.tasks import TASKS, task_for_dataset
 
@@ -140,15 +141,19 @@ def _run(
         if args.inference == "mcmc":
             post = _fit_mcmc(model, splits.train, args, parallel is not None)
         else:  # svi and the MAP-based fits
-            post = _fit_svi(model, splits.train, args, guide, target, parallel is not None)
+            try:
+                post = _fit_svi(model, splits.train, args, guide, target, parallel is not None)
+            except FloatingPointError as e:  # NonFiniteELBOError: keep its last finite state
+                last = getattr(e, "posterior", None)
+                if last is None or (parallel is not None and not parallel.is_main):
+                    raise
+                _describe(last, args, splits, meta)
+                kept = _kept_fit(last, target, "the fit diverged", "its last finite state")
+                raise FloatingPointError(f"{e}; {kept}") from e
         seconds = time.perf_counter() - start
         if parallel is not None and not parallel.is_main:
             return 0
-        # what predict and serve need of a posterior kept without its run (OUT.posterior)
-        post.record |= dict(dataset=args.dataset, seed=args.seed, num_train=len(splits.train))
-        post.record["val_fraction"] = meta["val_fraction"]
-        if "class_names" in meta:
-            post.record["class_names"] = meta["class_names"]
+        _describe(post, args, splits, meta)
         partial = bool(post.record.get("partial"))
         if partial:  # said at once: the predictions take a while before the run is written
             print(
@@ -214,10 +219,24 @@ def _kept_path(target: Path) -> Path:
     return kept
 
 
-def _kept_fit(post, target: Path, cause: str = "interrupted after the fit") -> str:
+def _describe(post, args: argparse.Namespace, splits, meta: dict) -> None:
+    """Add to ``post.record`` what predict and serve need of a posterior kept without its run
+    (``OUT.posterior``)."""
+    post.record |= dict(dataset=args.dataset, seed=args.seed, num_train=len(splits.train))
+    post.record["val_fraction"] = meta["val_fraction"]
+    if "class_names" in meta:
+        post.record["class_names"] = meta["class_names"]
+
+
+def _kept_fit(
+    post,
+    target: Path,
+    cause: str = "interrupted after the fit",
+    what: str = "the fitted posterior",
+) -> str:
     """Save ``post`` to ``_kept_path(target)`` after a Ctrl-C, or an error, during the
-    evaluation; the message saying what happened (``cause``) and where the fit is (or why it
-    could not be kept)."""
+    evaluation, or the last finite state of a diverged fit; the message saying what happened
+    (``cause``) and where ``what`` is (or why it could not be kept)."""
     kept = _kept_path(target)
     try:
         post.save(kept)
@@ -226,7 +245,7 @@ def _kept_fit(post, target: Path, cause: str = "interrupted after the fit") -> s
     except KeyboardInterrupt:
         return f"{cause}, and interrupted while keeping it; nothing was written"
     return (
-        f"{cause}; nothing was written to {target}, and the fitted posterior "
+        f"{cause}; nothing was written to {target}, and {what} "
         f"is kept in {kept} (probtransformer.inference.load_posterior loads it)"
     )
 

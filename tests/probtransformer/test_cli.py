@@ -899,6 +899,27 @@ def test_fit_bad_arguments(args, files, message, tmp_path, monkeypatch, capsys, 
     assert _listing(tmp_path) == before  # no run directory, no staging directory
 
 
+def test_a_diverged_fit_keeps_its_last_finite_state(tmp_path, monkeypatch, capsys, one_error_line):
+    def diverge(*args, **kwargs):  # a real fit whose next step would have been NaN
+        error = NonFiniteELBOError("ELBO became non-finite at step 30", step=30, site=None)
+        error.posterior = fit_svi(*args, **kwargs)
+        raise error
+
+    monkeypatch.setattr(probtransformer.inference, "fit_svi", diverge)
+    out = tmp_path / "run"
+    assert main(["fit", "--out", str(out), *TINY, "--num-train", "64"]) == 1
+    line = one_error_line(capsys)
+    kept = tmp_path / "run.posterior"
+    assert f"the fit diverged; nothing was written to {out}, and its last finite state is " in line
+    assert f"kept in {kept}" in line and not out.exists()
+    post = load_posterior(kept)
+    assert post.record["dataset"] == "digits" and post.record["steps_done"] == 30
+    np.save(tmp_path / "x.npy", np.zeros((2, T, F), np.float32))  # predict takes it
+    assert (
+        main(["predict", str(kept), "--input", str(tmp_path / "x.npy"), "--num-samples", "3"]) == 0
+    )
+
+
 def test_failed_fit_writes_nothing(tmp_path, monkeypatch, capsys, one_error_line):
     def diverge(*args, **kwargs):
         advice = "; try a lower lr, a smaller init_scale, or tighter priors"  # elbo.py's

@@ -4,21 +4,30 @@ token's entropy split into aleatoric and epistemic parts."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import sys
 import warnings
 
-from probtransformer.cli._common import CLIError, given, warn, write_csv
+import pandas as pd
+
+from probtransformer.cli._common import PROG, CLIError, given, warn, write_csv
 from probtransformer.cli.rundir import read_run
 
 
-def run(args: argparse.Namespace) -> None:
+def run(args: argparse.Namespace) -> int:
     """Print the prompt and its continuation, then the per-token table (or write it as CSV).
+
+    Returns:
+        0, or 130 when Ctrl-C stopped the decoding: the tokens generated so far are printed
+        and written, and a line on stderr says so.
 
     Raises:
         CLIError: the run is not a language model's, or ``--output`` cannot be written.
         ValueError: not a run directory, or options ``generate`` refuses.
     """
     fitted = read_run(args.run_dir)
-    from probtransformer.models import CausalLM, generate
+    from probtransformer.models import CausalLM
+    from probtransformer.models.generate import generate_stream
     from probtransformer.tasks import task_of
 
     post = fitted.posterior
@@ -29,7 +38,7 @@ def run(args: argparse.Namespace) -> None:
         )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        generation = generate(
+        stream = generate_stream(
             post,
             args.prompt,
             bayes_average=not args.thompson,
@@ -43,11 +52,19 @@ def run(args: argparse.Namespace) -> None:
                 seed=args.seed,
             ),
         )
+        steps, interrupted = [], False
+        try:
+            steps.extend(stream)
+        except KeyboardInterrupt:  # Ctrl-C: what was generated is printed and written
+            interrupted = True
     for message in dict.fromkeys(str(w.message) for w in caught if w.category is UserWarning):
         warn(message)
-    print(args.prompt + (generation.text or ""))
+    frame = pd.DataFrame(
+        [dataclasses.asdict(step) for step in steps],
+        columns=["index", "token_id", "token", "entropy", "aleatoric", "epistemic"],
+    ).drop(columns="index")
+    print(args.prompt + "".join(t for t in frame["token"] if t is not None))
     print()
-    frame = generation.to_dataframe()
     if args.output is not None:
         write_csv(frame, args.output)
         print(f"wrote {args.output}")
@@ -58,8 +75,17 @@ def run(args: argparse.Namespace) -> None:
                 f"{step:>4}  {row.token!r:<8}{row.entropy:>9.4f}{row.aleatoric:>11.4f}"
                 f"{row.epistemic:>11.4f}"
             )
-    print(
-        f"mean over {len(generation)} tokens: entropy {float(generation.entropy.mean()):.4f}, "
-        f"aleatoric {float(generation.aleatoric.mean()):.4f}, "
-        f"epistemic {float(generation.epistemic.mean()):.4f} nats"
-    )
+    if len(frame):
+        print(
+            f"mean over {len(frame)} tokens: entropy {frame['entropy'].mean():.4f}, "
+            f"aleatoric {frame['aleatoric'].mean():.4f}, "
+            f"epistemic {frame['epistemic'].mean():.4f} nats"
+        )
+    if interrupted:
+        print(
+            f"{PROG}: stopped: interrupted after {len(frame)} generated token(s); the output "
+            "above holds them",
+            file=sys.stderr,
+        )
+        return 130
+    return 0

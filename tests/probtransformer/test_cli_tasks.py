@@ -7,6 +7,7 @@ the run directory, the metrics and the commands, not the quality of the fits.
 """
 
 import contextlib
+import importlib
 import io
 import json
 import math
@@ -211,6 +212,30 @@ def test_generate_prints_text_and_per_token_table(lm_run, tmp_path, capsys):
     assert out.startswith("The object" + "".join(frame["token"]) + "\n")
     assert f"wrote {csv}" in out
     np.testing.assert_allclose(frame["entropy"], frame["aleatoric"] + frame["epistemic"], atol=1e-5)
+
+
+def test_ctrl_c_during_generate_keeps_the_tokens_so_far(lm_run, tmp_path, monkeypatch, capsys):
+    generation = importlib.import_module("probtransformer.models.generate")  # not the function
+    args = ["--prompt", "The", "--max-new-tokens", "7", "--num-samples", "3", "--output"]
+    assert _generate(lm_run[0], capsys, *args, str(tmp_path / "all.csv"))[0] == 0
+    decode = generation._decode
+
+    def impatient(*a, **k):  # Ctrl-C while the fourth token is decoded
+        for i, step in enumerate(decode(*a, **k)):
+            if i == 3:
+                raise KeyboardInterrupt
+            yield step
+
+    monkeypatch.setattr(generation, "_decode", impatient)
+    status, out, err = _generate(lm_run[0], capsys, *args, str(tmp_path / "part.csv"))
+    assert status == 130
+    stopped = "interrupted after 3 generated token(s); the output above holds them"
+    assert err == f"probtransformer: stopped: {stopped}\n"
+    part, whole = (
+        pd.read_csv(tmp_path / f"{n}.csv", keep_default_na=False) for n in ("part", "all")
+    )
+    pd.testing.assert_frame_equal(part, whole.iloc[:3])  # the tokens of the uninterrupted run
+    assert "mean over 3 tokens" in out
 
 
 def test_generate_sampling_is_seeded(lm_run, capsys):

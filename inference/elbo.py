@@ -24,6 +24,10 @@ if TYPE_CHECKING:
     from probtransformer.inference.posterior import Posterior
 
 
+#: What ``NonFiniteELBOError``'s message advises (the CLI names its own option instead).
+NON_FINITE_ADVICE = "try a lower lr, a smaller init_scale, or tighter priors"
+
+
 class NonFiniteELBOError(FloatingPointError):
     """The ELBO or its gradient became NaN/inf during a fit.
 
@@ -136,7 +140,7 @@ def non_finite_error(
     return NonFiniteELBOError(
         f"{what} became non-finite at step {step}"
         + (f" (first non-finite: {site})" if site else "")
-        + "; try a lower lr, a smaller init_scale, or tighter priors",
+        + f"; {NON_FINITE_ADVICE}",
         step=step,
         site=site,
     )

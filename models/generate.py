@@ -392,6 +392,13 @@ def generate_stream(
     return tokens()
 
 
+def generation_from_steps(model: CausalLM, prompt, steps: list[TokenStep]) -> Generation:
+    """The ``Generation`` of ``generate_stream``'s ``steps`` (every one, or those decoded before
+    it was stopped) for ``prompt``."""
+    stats = torch.tensor([[s.entropy, s.aleatoric] for s in steps]).reshape(-1, 2)
+    return _generation(model, prompt, [s.token_id for s in steps], stats, unknown=0)
+
+
 def _checked(posterior, prompt, options: dict):
     """``(model, items, prompts, unknown, batched)`` after checking ``generate``'s arguments."""
     model = getattr(posterior, "model", None)

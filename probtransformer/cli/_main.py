@@ -40,11 +40,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CLIError, ValueError, TypeError, OSError) as e:
         return _fail(e, 2)
     except FloatingPointError as e:  # NonFiniteELBOError: the fit diverged
+        from probtransformer.inference.elbo import NON_FINITE_ADVICE
+
         # the library's advice names fit_svi's parameters; the CLI has only --lr of them
-        message = str(e).replace(
-            "try a lower lr, a smaller init_scale, or tighter priors", "try a lower --lr"
-        )
-        return _fail(FloatingPointError(message), 1)
+        return _fail(FloatingPointError(str(e).replace(NON_FINITE_ADVICE, "try a lower --lr")), 1)
     except MemoryError as e:
         return _fail(MemoryError(f"out of memory: {e}{OOM_HINT}"), 2)
     except RuntimeError as e:  # torch's allocation failures; under torchrun: a rank was lost

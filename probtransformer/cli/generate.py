@@ -4,11 +4,8 @@ token's entropy split into aleatoric and epistemic parts."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import warnings
-
-import pandas as pd
 
 from probtransformer.cli._common import PROG, CLIError, given, warn, write_csv
 from probtransformer.cli.rundir import read_run
@@ -27,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
     """
     fitted = read_run(args.run_dir)
     from probtransformer.models import CausalLM
-    from probtransformer.models.generate import generate_stream
+    from probtransformer.models.generate import generate_stream, generation_from_steps
     from probtransformer.tasks import task_of
 
     post = fitted.posterior
@@ -59,12 +56,10 @@ def run(args: argparse.Namespace) -> int:
             interrupted = True
     for message in dict.fromkeys(str(w.message) for w in caught if w.category is UserWarning):
         warn(message)
-    frame = pd.DataFrame(
-        [dataclasses.asdict(step) for step in steps],
-        columns=["index", "token_id", "token", "entropy", "aleatoric", "epistemic"],
-    ).drop(columns="index")
-    print(args.prompt + "".join(t for t in frame["token"] if t is not None))
+    generation = generation_from_steps(post.model, args.prompt, steps)
+    print(args.prompt + (generation.text or ""))
     print()
+    frame = generation.to_dataframe()
     if args.output is not None:
         write_csv(frame, args.output)
         print(f"wrote {args.output}")
@@ -75,15 +70,15 @@ def run(args: argparse.Namespace) -> int:
                 f"{step:>4}  {row.token!r:<8}{row.entropy:>9.4f}{row.aleatoric:>11.4f}"
                 f"{row.epistemic:>11.4f}"
             )
-    if len(frame):
+    if len(generation):
         print(
-            f"mean over {len(frame)} tokens: entropy {frame['entropy'].mean():.4f}, "
-            f"aleatoric {frame['aleatoric'].mean():.4f}, "
-            f"epistemic {frame['epistemic'].mean():.4f} nats"
+            f"mean over {len(generation)} tokens: entropy {float(generation.entropy.mean()):.4f}, "
+            f"aleatoric {float(generation.aleatoric.mean()):.4f}, "
+            f"epistemic {float(generation.epistemic.mean()):.4f} nats"
         )
     if interrupted:
         print(
-            f"{PROG}: stopped: interrupted after {len(frame)} generated token(s); the output "
+            f"{PROG}: stopped: interrupted after {len(generation)} generated token(s); the output "
             "above holds them",
             file=sys.stderr,
         )

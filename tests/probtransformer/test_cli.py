@@ -922,8 +922,10 @@ def test_a_diverged_fit_keeps_its_last_finite_state(tmp_path, monkeypatch, capsy
 
 def test_failed_fit_writes_nothing(tmp_path, monkeypatch, capsys, one_error_line):
     def diverge(*args, **kwargs):
-        advice = "; try a lower lr, a smaller init_scale, or tighter priors"  # elbo.py's
-        raise NonFiniteELBOError(f"ELBO became non-finite at step 3{advice}", step=3, site=None)
+        from probtransformer.inference.elbo import NON_FINITE_ADVICE
+
+        message = f"ELBO became non-finite at step 3; {NON_FINITE_ADVICE}"
+        raise NonFiniteELBOError(message, step=3, site=None)
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(probtransformer.inference, "fit_svi", diverge)

@@ -158,14 +158,15 @@ def prompt_ids(model: CausalLM, prompt) -> tuple[torch.Tensor, int]:
             "a prompt of token ids must hold ints (or be a str, or a list of prompts), got "
             f"elements of type {', '.join(kinds)}"
         )
+    if isinstance(prompt, list | tuple) and prompt:  # in Python ints: ids beyond int64 too
+        _check_id_range(model, min(prompt), max(prompt))
     if isinstance(prompt, np.ndarray) and prompt.dtype.kind not in "iu":
         raise ValueError(
             f"prompt token ids must be integers, got a numpy array of dtype {prompt.dtype}"
         )
-    try:
-        ids = torch.as_tensor(np.asarray(prompt) if isinstance(prompt, list | tuple) else prompt)
-    except (OverflowError, RuntimeError, TypeError) as e:  # ids beyond int64
-        raise ValueError(f"prompt token ids must fit int64: {e}") from None
+    if isinstance(prompt, np.ndarray) and prompt.size:  # before uint64 ids wrap in int64
+        _check_id_range(model, int(prompt.min()), int(prompt.max()))
+    ids = torch.as_tensor(np.asarray(prompt) if isinstance(prompt, list | tuple) else prompt)
     if ids.device.type == "meta":
         raise ValueError("prompt is on the 'meta' device, which holds no values")
     if (
@@ -180,12 +181,15 @@ def prompt_ids(model: CausalLM, prompt) -> tuple[torch.Tensor, int]:
             f"shape {tuple(ids.shape)} and dtype {ids.dtype}"
         )
     ids = ids.long()
-    if ids.min() < 0 or ids.max() >= model.vocab_size:
-        raise ValueError(
-            f"prompt token ids must lie in [0, {model.vocab_size}), got values in "
-            f"[{int(ids.min())}, {int(ids.max())}]"
-        )
+    _check_id_range(model, int(ids.min()), int(ids.max()))
     return ids, 0
+
+
+def _check_id_range(model: CausalLM, low: int, high: int) -> None:
+    if low < 0 or high >= model.vocab_size:
+        raise ValueError(
+            f"prompt token ids must lie in [0, {model.vocab_size}), got values in [{low}, {high}]"
+        )
 
 
 def _as_id(t):

@@ -35,8 +35,10 @@ def float_in(
     minimum: float, maximum: float, *, above: bool = False, below: bool = False
 ) -> Callable[[str], float]:
     """argparse type: a finite number in ``[minimum, maximum]`` (``above``: ``minimum``
-    excluded; ``below``: ``maximum`` excluded)."""
-    interval = f"{'(' if above else '['}{minimum:g}, {maximum:g}{')' if below else ']'}"
+    excluded; ``below``: ``maximum`` excluded; ``maximum`` may be ``math.inf``)."""
+    interval = f"in {'(' if above else '['}{minimum:g}, {maximum:g}{')' if below else ']'}"
+    if maximum == math.inf:
+        interval = f"{'>' if above else '>='} {minimum:g}, finite"
 
     def parse(text: str) -> float:
         try:
@@ -46,7 +48,7 @@ def float_in(
         low_ok = value > minimum if above else value >= minimum
         high_ok = value < maximum if below else value <= maximum
         if not (math.isfinite(value) and low_ok and high_ok):
-            raise argparse.ArgumentTypeError(f"expected a number in {interval}, got {text!r}")
+            raise argparse.ArgumentTypeError(f"expected a number {interval}, got {text!r}")
         return value
 
     return parse

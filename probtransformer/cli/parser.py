@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 from collections.abc import Callable, Iterator
 from typing import NoReturn
 
@@ -440,7 +441,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--strategy", choices=("greedy", "sample"), help="most probable token, or sample one"
     )
     generate.add_argument(
-        "--temperature", type=float, metavar="T", help="> 0; below 1 sharpens, above 1 flattens"
+        "--temperature",
+        type=float_in(0, math.inf, above=True),
+        metavar="T",
+        help="> 0; below 1 sharpens, above 1 flattens",
     )
     generate.add_argument(
         "--top-k", type=positive_int, metavar="K", help="keep the K most probable tokens (>= 1)"

@@ -97,6 +97,13 @@ class TokenTask(Task):
             return [vocab[i] for i in ids] if vocab else list(map(str, ids))
 
         tensors = (torch.from_numpy(x), None, None if mask is None else torch.from_numpy(mask))
+        try:  # before any pass, naming the file (the model's messages call it x)
+            post.model.validate(tensors[0], None, tensors[2])
+        except ValueError as e:
+            message = str(e)
+            raise ValueError(
+                f"{path}{message[1:]}" if message.startswith("x ") else message
+            ) from None
         frames, offset = [], 0
         for rows, pred in token_predictions(post, SequenceData(*tensors), draws):
             n, steps = rows.x.shape

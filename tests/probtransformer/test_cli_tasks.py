@@ -133,8 +133,12 @@ def test_tagging_predict_text_and_token_ids(tagging_run, tmp_path, capsys):
     [
         ("x.npy", np.zeros((2, 3), np.float32), "must hold integer token ids"),
         ("x.npy", np.zeros(3, np.int64), "shape (N, T)"),
-        ("x.npy", np.full((1, 3), 10_000), "token ids in [0, "),
-        ("x.npy", np.zeros((1, 65), np.int64), "max_len=64"),
+        ("ids.npy", np.full((1, 3), 10_000), "ids.npy must hold token ids in [0, "),
+        (
+            "ids.npy",
+            np.zeros((1, 65), np.int64),
+            "ids.npy has T=65 steps but the model was built for max_len=64",
+        ),
         ("x.npy", "5,6,7\n", "x.npy is not a .npy file"),
         ("x.csv", "1,2,3\n", ".npy of int token ids (N, T) or a .txt file"),
         ("x.txt", "abc\n\ndef\n", "line 2 is blank"),

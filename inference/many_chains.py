@@ -79,6 +79,7 @@ def run_many_chains(
     seed: int,
     progress: bool,
     parallel: DataParallel | None = None,
+    full_mass: bool = False,
 ) -> tuple[dict, dict | None, dict, dict]:
     """Sample ``model`` (eval mode, point estimates fixed) on ``train`` with K chains.
 
@@ -154,6 +155,7 @@ def run_many_chains(
             trajectory_length=trajectory_length,
             target_accept_prob=target_accept_prob,
             superchain=torch.tensor(superchain, device=device),
+            dense=full_mass,
         )
         draws = _chees_draws(sampler, z0, num_warmup, num_samples)
     else:
@@ -169,6 +171,7 @@ def run_many_chains(
                 bar.update(1)
                 if z is None:
                     clock["sampling"] = time.perf_counter()  # after the last warm-up step
+                    bar.set_postfix(step=f"{sampler.step_size:.3g}", refresh=False)
                     continue
                 kept.append(z.detach().cpu())
                 _append(stats, **draw_stats)

@@ -180,7 +180,8 @@ def fit_mcmc(
         trajectory_length: HMC integration time per transition (the leapfrog steps are
             ``trajectory_length / step_size`` and change as the step size adapts; None: 2π);
             ChEES's initial trajectory length (None: 10 steps).
-        full_mass: adapt a dense mass matrix instead of a diagonal one.
+        full_mass: adapt a dense mass matrix instead of a diagonal one (NUTS, HMC, ChEES;
+            ChEES: at most ``samplers.MAX_DENSE_DIM`` unconstrained scalars).
         jit_compile: trace the potential energy with the PyTorch JIT.
         map_steps: MAP steps for the point-estimate parameters (unused when there are none).
         device: ``"auto"``, ``"cpu"``, ``"cuda"`` ...; CPU data is moved there.
@@ -261,10 +262,15 @@ def fit_mcmc(
             )
         if many and init in ("map", "ensemble") and map_steps == 0:
             raise ValueError(f"init={init!r} needs MAP fits: give map_steps > 0, got 0")
-        if many and (full_mass or jit_compile):
+        if many and jit_compile:
             raise ValueError(
-                f"full_mass and jit_compile apply to kernel='nuts'/'hmc'; kernel={kernel!r} adapts "
-                "a diagonal mass matrix and runs the vectorized density uncompiled"
+                f"jit_compile applies to kernel='nuts'/'hmc'; kernel={kernel!r} runs the "
+                "vectorized density uncompiled"
+            )
+        if kernel == "mclmc" and full_mass:
+            raise ValueError(
+                "full_mass applies to kernel='nuts'/'hmc'/'chees'; kernel='mclmc' preconditions "
+                "with a diagonal metric"
             )
         if not isinstance(full_mass, bool):
             raise TypeError(f"full_mass must be a bool, got {type(full_mass).__name__}")
@@ -371,6 +377,7 @@ def fit_mcmc(
             seed=seed,
             progress=progress,
             parallel=parallel,
+            full_mass=full_mass,
         )
         extra["parallel"] = False
         if parallel is not None:

@@ -5,10 +5,10 @@
   length shared by the chains, Metropolis-adjusted per chain (exact). Warm-up adapts the step
   size by dual averaging (Hoffman & Gelman 2014) on the harmonic mean of the chains'
   acceptance probabilities, the trajectory length by Adam on the ChEES criterion, and a
-  diagonal mass matrix from the moments pooled over chains and window draws (Stan's windows).
-  Both use moments within superchains (chains sharing a start): chains from different MAP
-  starts sit in different modes, and centring them on one mean measures the distance between
-  the modes, not the posterior's scale around each.
+  diagonal (or dense) mass matrix from the moments pooled over chains and window draws (Stan's
+  windows). Both use moments within superchains (chains sharing a start): chains from
+  different MAP starts sit in different modes, and centring them on one mean measures the
+  distance between the modes, not the posterior's scale around each.
   References: BlackJAX ``chees_adaptation``, TFP ``GradientBasedTrajectoryLengthAdaptation``.
 - ``MCLMC`` (``inference.mclmc``), the unadjusted microcanonical kernel, shares ``ChainRNG``
   and ``ChainState``.
@@ -36,6 +36,10 @@ MOVING_ACCEPTANCE = 0.05
 
 #: An energy error above this many nats is a divergent transition (Stan, Pyro).
 MAX_ENERGY_ERROR = 1000.0
+
+#: The most unconstrained scalars a dense mass matrix is adapted for: it holds D x D float64
+#: numbers and each leapfrog step multiplies the K chains' momenta by it.
+MAX_DENSE_DIM = 4096
 
 
 class ChainRNG:
@@ -143,6 +147,26 @@ def regularized_variance(
     return (draws / (draws + 5.0) * var + 1e-3 * 5.0 / (draws + 5.0)).clamp_min(1e-8)
 
 
+def regularized_covariance(draws: torch.Tensor, groups: torch.Tensor | None) -> torch.Tensor:
+    """Stan's regularised dense metric ``n/(n+5) Σ + 1e-3 * 5/(n+5) I`` from window ``draws``
+    ``(n, K, D)``, ``Σ`` the covariance within the ``groups`` (``(K,)`` superchain indices;
+    None: one group) pooled over them. ``(D, D)`` float64.
+
+    No shrinkage towards the diagonal: it would add the long directions' variance to the narrow
+    ones, the directions a dense metric is for (a ridge of sds 10 and 0.1 would get a metric
+    several times too wide across it, and a step size to match). Directions a window has not
+    explored get a small variance, which slows them but keeps the leapfrog stable."""
+    n, chains, dim = draws.shape
+    x = draws.double()
+    chain_means = x.mean(0)
+    x = (x - (chain_means - centered(chain_means, groups))).reshape(n * chains, dim)
+    num_groups = 1 if groups is None else len(torch.unique(groups))
+    total = n * chains
+    covariance = x.T @ x / max(total - num_groups, 1)
+    eye = torch.eye(dim, dtype=covariance.dtype, device=covariance.device)
+    return total / (total + 5.0) * covariance + 1e-3 * 5.0 / (total + 5.0) * eye
+
+
 def centered(x: torch.Tensor, groups: torch.Tensor | None) -> torch.Tensor:
     """``x`` ``(K, D)`` less the mean of its row's group (``(K,)`` indices; None: of all rows)."""
     if groups is None:
@@ -190,6 +214,15 @@ class ChEES:
         superchain: ``(K,)`` index of each chain's superchain (the chains that share a
             start); the ChEES criterion and the mass matrix use moments within superchains
             when each has two chains or more. None: all chains are one.
+        dense: adapt a dense mass matrix (``regularized_covariance`` of each window's draws)
+            instead of a diagonal one: for posteriors whose narrow directions are not along
+            the axes (weight symmetries, a softmax head's shift), where a diagonal metric
+            forces the step size down to the narrowest of them. At most ``MAX_DENSE_DIM``
+            unconstrained scalars.
+
+    Raises:
+        ValueError: ``dense`` for a density of more than ``MAX_DENSE_DIM`` scalars (at
+            ``init``).
 
     Attributes:
         gradients: chain-gradients evaluated so far (leapfrog steps times chains).
@@ -207,6 +240,7 @@ class ChEES:
         max_leapfrog_steps: int = 1000,
         learning_rate: float = 0.05,
         superchain: torch.Tensor | None = None,
+        dense: bool = False,
     ) -> None:
         self.density = density
         self.rng = rng
@@ -219,14 +253,22 @@ class ChEES:
         if superchain is not None and int(torch.bincount(superchain).min()) < 2:
             superchain = None  # a lone chain has no spread around its superchain's mean
         self.superchain = superchain
+        self.dense = dense
         self.t = 0
         self.gradients = 0
 
     def init(self, z: torch.Tensor) -> ChainState:
         """The state at ``z`` ``(K, D)``; searches a reasonable initial step size."""
+        if self.dense and z.shape[1] > MAX_DENSE_DIM:
+            raise ValueError(
+                f"a dense mass matrix is adapted for at most {MAX_DENSE_DIM} unconstrained "
+                f"scalars; this posterior has {z.shape[1]} (its metric would take "
+                f"{z.shape[1] ** 2 * 8 / 2**20:.0f} MiB): use the diagonal one (full_mass=False)"
+            )
         lp, grad = self.density(z)
         state = ChainState(z, lp, grad)
         self.inv_mass = torch.ones(z.shape[1], device=z.device, dtype=z.dtype)
+        self.covariance = self._cholesky = None  # the dense metric, once adapted
         self._windows = warmup_windows(self.num_warmup)
         self._sums = None
         self._restart_step_size(state)
@@ -240,8 +282,7 @@ class ChEES:
         crosses 0.5 (Hoffman & Gelman 2014, Algorithm 4), then restart dual averaging."""
         eps, direction = self.step_size, 0
         for _ in range(50):
-            p = self.rng.normal(state.z.shape[1], state.z.dtype) / self.inv_mass.sqrt()
-            accept, log_accept, *_ = self._trajectory(state, p, eps, 1)
+            accept, log_accept, *_ = self._trajectory(state, self._momentum(state), eps, 1)
             high = _harmonic_mean(accept, ~(log_accept > -MAX_ENERGY_ERROR)) > 0.5
             if direction == 0:
                 direction = 1 if high else -1
@@ -251,22 +292,34 @@ class ChEES:
         self.step_size = eps
         self._da = DualAveraging(mu=math.log(10 * eps))
 
+    def _momentum(self, state: ChainState) -> torch.Tensor:
+        """Fresh momenta ``(K, D)`` ~ N(0, M), M the inverse of the metric (the posterior
+        covariance estimate ``L L^T``: ``p = L^{-T} xi``)."""
+        xi = self.rng.normal(state.z.shape[1], state.z.dtype)
+        if self._cholesky is None:
+            return xi / self.inv_mass.sqrt()
+        return torch.linalg.solve_triangular(self._cholesky, xi, upper=False, left=False)
+
+    def _velocity(self, p: torch.Tensor) -> torch.Tensor:
+        """``M^{-1} p`` of each chain's momentum."""
+        return self.inv_mass * p if self.covariance is None else p @ self.covariance
+
     def _trajectory(self, state: ChainState, p: torch.Tensor, eps: float, steps: int):
         """Leapfrog ``steps`` steps for every chain; ``(accept_prob, log_accept, energy0,
         proposal, final velocity)``, the energies in nats."""
-        inv_mass = self.inv_mass
-        energy0 = -state.lp + 0.5 * (p * p * inv_mass).sum(1)
+        energy0 = -state.lp + 0.5 * (p * self._velocity(p)).sum(1)
         z, lp, grad = state.z, state.lp, state.grad
         p = p + 0.5 * eps * grad
         for i in range(steps):
-            z = z + eps * inv_mass * p
+            z = z + eps * self._velocity(p)
             lp, grad = self.density(z)
             p = p + (eps if i < steps - 1 else 0.5 * eps) * grad
         self.gradients += steps * len(z)
-        log_accept = energy0 - (-lp + 0.5 * (p * p * inv_mass).sum(1))
+        velocity = self._velocity(p)
+        log_accept = energy0 - (-lp + 0.5 * (p * velocity).sum(1))
         log_accept = torch.where(torch.isfinite(log_accept), log_accept, -math.inf)
         accept = log_accept.clamp(max=0.0).exp()
-        return accept, log_accept, energy0, ChainState(z, lp, grad), inv_mass * p
+        return accept, log_accept, energy0, ChainState(z, lp, grad), velocity
 
     def step(self, state: ChainState, *, adapt: bool) -> tuple[ChainState, Transition]:
         """One transition of every chain (jittered trajectory, Metropolis correction per
@@ -276,8 +329,9 @@ class ChEES:
         eps = self.step_size
         jitter = halton(self.t)
         steps = int(min(max(1, math.ceil(jitter * T / eps)), self.max_leapfrog_steps))
-        p = self.rng.normal(state.z.shape[1], state.z.dtype) / self.inv_mass.sqrt()
-        accept, log_accept, energy0, proposal, velocity = self._trajectory(state, p, eps, steps)
+        accept, log_accept, energy0, proposal, velocity = self._trajectory(
+            state, self._momentum(state), eps, steps
+        )
         diverging = ~(log_accept > -MAX_ENERGY_ERROR)
         take = (self.rng.uniform(state.z.dtype).log() < log_accept) & ~diverging
         new = ChainState(
@@ -330,19 +384,26 @@ class ChEES:
             return
         z = state.z.double()
         if self._sums is None:
-            self._sums = [torch.zeros_like(z), torch.zeros_like(z), torch.zeros_like(accept), 0]
+            self._sums = [torch.zeros_like(z), torch.zeros_like(z), torch.zeros_like(accept), []]
         self._sums[0] += z
         self._sums[1] += z * z
         self._sums[2] += accept.nan_to_num(0.0)
-        self._sums[3] += 1
+        if self.dense:
+            self._sums[3].append(state.z)
+        n = self.t - start
         if self.t == end:
-            total, squares, accepted, n = self._sums
+            total, squares, accepted, window = self._sums
             moving = accepted / n >= MOVING_ACCEPTANCE
             if moving.sum() < 2:
                 moving = torch.ones_like(moving)
             groups = None if self.superchain is None else self.superchain[moving]
-            pooled = regularized_variance(total[moving], squares[moving], n, groups)
-            self.inv_mass = pooled.to(state.z.dtype)
+            if self.dense:
+                covariance = regularized_covariance(torch.stack(window)[:, moving], groups)
+                self._cholesky = torch.linalg.cholesky(covariance).to(state.z.dtype)
+                self.covariance = covariance.to(state.z.dtype)
+            else:
+                pooled = regularized_variance(total[moving], squares[moving], n, groups)
+                self.inv_mass = pooled.to(state.z.dtype)
             self._windows.pop(0)
             self._sums = None
             self._restart_step_size(state)
@@ -361,4 +422,4 @@ def _harmonic_mean(accept: torch.Tensor, diverging: torch.Tensor) -> float:
     return float(1.0 / (1.0 / kept.clamp_min(1e-10)).mean())
 
 
-__all__ = ["CHEES_TARGET_ACCEPT", "ChEES", "ChainRNG", "ChainState", "Transition"]
+__all__ = ["CHEES_TARGET_ACCEPT", "MAX_DENSE_DIM", "ChEES", "ChainRNG", "ChainState", "Transition"]

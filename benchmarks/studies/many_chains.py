@@ -200,6 +200,7 @@ def convergence(
     init: str = "ensemble",
     bayesian: Sequence[str] = MODEL["bayesian"],
     progress: bool = False,
+    full_mass: bool = False,
 ) -> dict:
     """The convergence row: ChEES from ``init`` starts on the classifier of the NUTS benchmark
     (digits, ``seed``), judged as ``diagnose`` judges many chains. Every part is latent by
@@ -218,6 +219,7 @@ def convergence(
         SequenceClassifier(**{**MODEL, "bayesian": tuple(bayesian)}), train, kernel="chees",
         num_chains=num_chains, num_starts=num_starts, init=init, num_warmup=num_warmup,
         num_samples=num_samples, map_steps=500, seed=seed, progress=progress,
+        full_mass=full_mass,
     )  # fmt: skip
     seconds = time.perf_counter() - start
     table = post.diagnose(train, verbose=False)
@@ -226,6 +228,7 @@ def convergence(
     mean = post.predict(test.x, test.mask, num_samples=None, seed=seed).mean
     return dict(
         init=init,
+        full_mass=full_mass,
         bayesian=list(bayesian),
         latents=sum(v[0, 0].numel() for v in post.samples.values()),
         num_chains=num_chains,
@@ -383,6 +386,9 @@ def _parse(argv):
         help="--convergence: the latent parts (the others are MAP point estimates)",
     )
     parser.add_argument("--progress", action="store_true", help="--convergence: a progress bar")
+    parser.add_argument(
+        "--full-mass", action="store_true", help="--convergence: ChEES adapts a dense metric"
+    )
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
@@ -405,7 +411,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
             num_chains=args.num_chains, num_starts=args.num_starts, num_warmup=args.chees_warmup,
             num_samples=args.chees_samples, train_rows=args.train_rows,
             test_rows=args.test_rows, seed=args.seed, init=args.init, bayesian=args.bayesian,
-            progress=args.progress,
+            progress=args.progress, full_mass=args.full_mass,
         )  # fmt: skip
         print(json.dumps(row, indent=1, default=str))
         return row

@@ -228,6 +228,67 @@ def test_chees_adapts_within_superchains_started_in_different_modes(superchains)
         assert sampler.step_size < 0.3, sampler.step_size
 
 
+#: A narrow Gaussian ridge off the axes: sds 10 and 0.1 along the diagonals.
+RIDGE_ROTATION = torch.tensor([[1.0, 1.0], [-1.0, 1.0]]) / math.sqrt(2)
+RIDGE_COVARIANCE = RIDGE_ROTATION @ torch.diag(torch.tensor([100.0, 0.01])) @ RIDGE_ROTATION.T
+
+
+def ridge(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    precision = torch.linalg.inv(RIDGE_COVARIANCE)
+    return -0.5 * ((z @ precision) * z).sum(1), -(z @ precision)
+
+
+@pytest.mark.parametrize("dense", [True, False])
+def test_a_dense_metric_takes_unit_steps_along_a_ridge_off_the_axes(dense):
+    """``N(0, Σ)`` with sds 10 and 0.1 along the diagonals (as a softmax head's shift
+    direction against the directions the data pin down): both marginal variances are about
+    50, so a diagonal metric cannot tell the ridge's width from its length and the step size
+    shrinks to the narrow direction (below 0.05); the dense metric whitens it and steps at a
+    unit Gaussian's scale (0.5 or more). The dense chains' draws keep ``Σ`` (each entry within
+    20% of the long direction's variance, 64 chains x 100 draws)."""
+    chains = 64
+    sampler = samplers.ChEES(
+        ridge, ChainRNG(0, chains, CPU), 200, superchain=torch.arange(chains) // 16, dense=dense
+    )
+    state = sampler.init(torch.randn(chains, 2, generator=torch.Generator().manual_seed(1)))
+    for _ in range(200):
+        state, _ = sampler.step(state, adapt=True)
+    if not dense:
+        assert sampler.step_size < 0.05, sampler.step_size
+        return
+    assert sampler.step_size > 0.5, sampler.step_size
+    draws = []
+    for _ in range(100):
+        state, move = sampler.step(state, adapt=False)
+        draws.append(state.z)
+    draws = torch.cat(draws)
+    assert (torch.cov(draws.T) - RIDGE_COVARIANCE).abs().max() < 20.0, torch.cov(draws.T)
+    assert float(move.accept_prob.mean()) > 0.3
+
+
+def test_the_dense_metric_is_the_covariance_within_superchains():
+    """Draws of two superchains around means 50 apart: the metric is the covariance around
+    each superchain's mean (the known ``Σ``, within sampling error), not the distance between
+    them, and its narrow direction stays narrow."""
+    generator = torch.Generator().manual_seed(0)
+    chol = torch.linalg.cholesky(RIDGE_COVARIANCE)
+    draws = torch.randn(500, 8, 2, generator=generator) @ chol.T  # (n, K, D)
+    groups = torch.arange(8) // 4
+    draws = draws + 50.0 * groups[None, :, None]
+    covariance = samplers.regularized_covariance(draws, groups)
+    assert covariance.dtype == torch.float64
+    assert torch.allclose(covariance.float(), RIDGE_COVARIANCE, atol=2.0), covariance
+    narrow = RIDGE_ROTATION[:, 1].double()
+    assert 0.009 < float(narrow @ covariance @ narrow) < 0.011
+
+
+def test_a_dense_metric_over_its_dimension_limit_is_refused_with_its_size():
+    dim = samplers.MAX_DENSE_DIM + 1
+    sampler = samplers.ChEES(ridge, ChainRNG(0, 2, CPU), 10, dense=True)
+    with pytest.raises(ValueError, match=f"at most {samplers.MAX_DENSE_DIM}.*has {dim}.*MiB"):
+        sampler.init(torch.zeros(2, dim))
+
+
 @pytest.fixture(scope="module")
 def schools() -> SequenceData:
     return SequenceData(torch.tensor(SIGMA)[:, None], torch.tensor(Y))
@@ -482,7 +543,8 @@ def test_a_model_that_mixes_the_draw_dim_is_refused_naming_the_site(small, model
         (dict(kernel="nuts", num_starts=2), ValueError, "init and num_starts apply to"),
         (dict(num_chains=0), ValueError, "num_chains must be >= 1, got 0"),
         (dict(init="uniform"), ValueError, r"init must be one of \('prior', 'map', 'ensemble'\)"),
-        (dict(full_mass=True), ValueError, "full_mass and jit_compile apply to kernel='nuts'"),
+        (dict(jit_compile=True), ValueError, "jit_compile applies to kernel='nuts'"),
+        (dict(kernel="mclmc", full_mass=True), ValueError, "full_mass applies to.*'chees'"),
         (dict(kernel="mclmc", jit_compile=True), ValueError, "kernel='mclmc'"),
         (dict(num_starts=1.5), TypeError, "num_starts must be an int"),
         (dict(kernel="mclmc", target_accept_prob=0.9), ValueError, "do not apply to kernel='mc"),

@@ -32,7 +32,7 @@ from probtransformer.inference.distributed import DataParallel, broadcast_state
 from probtransformer.inference.engine import activation_bytes
 from probtransformer.inference.mclmc import MCLMC
 from probtransformer.inference.model_checks import DRAWS_DIM, DRAWS_PLATE
-from probtransformer.inference.samplers import ChainRNG, ChEES
+from probtransformer.inference.samplers import ChainRNG, ChEES, check_dense_dim
 from probtransformer.inference.schedule import lr_scheduler
 from probtransformer.inference.vectorized import VectorizedDensity
 
@@ -106,6 +106,8 @@ def run_many_chains(
     """
     start_time = time.perf_counter()
     density = VectorizedDensity(model, train.x, train.y, train.mask)
+    if full_mass:  # before any MAP fit
+        check_dense_dim(density.dim)
     names = [name for name, p in model.named_parameters() if p.requires_grad]
     per_start = bool(names) and init in ("map", "ensemble")
     # per-start plain parameters are kept with every draw of their chains (posterior.members)

@@ -147,6 +147,20 @@ def regularized_variance(
     return (draws / (draws + 5.0) * var + 1e-3 * 5.0 / (draws + 5.0)).clamp_min(1e-8)
 
 
+def check_dense_dim(dim: int) -> None:
+    """Refuse a dense metric for more than ``MAX_DENSE_DIM`` unconstrained scalars.
+
+    Raises:
+        ValueError: ``dim > MAX_DENSE_DIM``, with the metric's size.
+    """
+    if dim > MAX_DENSE_DIM:
+        raise ValueError(
+            f"a dense mass matrix is adapted for at most {MAX_DENSE_DIM} unconstrained "
+            f"scalars; this posterior has {dim} (its metric would take "
+            f"{dim**2 * 8 / 2**20:.0f} MiB): use the diagonal one (full_mass=False)"
+        )
+
+
 def regularized_covariance(draws: torch.Tensor, groups: torch.Tensor | None) -> torch.Tensor:
     """Stan's regularised dense metric ``n/(n+5) Σ + 1e-3 * 5/(n+5) I`` from window ``draws``
     ``(n, K, D)``, ``Σ`` the covariance within the ``groups`` (``(K,)`` superchain indices;
@@ -259,12 +273,8 @@ class ChEES:
 
     def init(self, z: torch.Tensor) -> ChainState:
         """The state at ``z`` ``(K, D)``; searches a reasonable initial step size."""
-        if self.dense and z.shape[1] > MAX_DENSE_DIM:
-            raise ValueError(
-                f"a dense mass matrix is adapted for at most {MAX_DENSE_DIM} unconstrained "
-                f"scalars; this posterior has {z.shape[1]} (its metric would take "
-                f"{z.shape[1] ** 2 * 8 / 2**20:.0f} MiB): use the diagonal one (full_mass=False)"
-            )
+        if self.dense:
+            check_dense_dim(z.shape[1])
         lp, grad = self.density(z)
         state = ChainState(z, lp, grad)
         self.inv_mass = torch.ones(z.shape[1], device=z.device, dtype=z.dtype)

@@ -289,6 +289,18 @@ def test_a_dense_metric_over_its_dimension_limit_is_refused_with_its_size():
         sampler.init(torch.zeros(2, dim))
 
 
+def test_fit_mcmc_refuses_a_dense_metric_over_the_limit_before_its_map_starts(
+    small, monkeypatch, no_sampling
+):
+    monkeypatch.setattr(many_chains, "map_fit", lambda *a, **k: pytest.fail("MAP fits ran"))
+    monkeypatch.setattr(samplers, "MAX_DENSE_DIM", 2)  # the regression has 3 latents
+    with pytest.raises(ValueError, match="at most 2 unconstrained scalars; this posterior has 3"):
+        fit_mcmc(
+            BayesianLinearRegression(2), small, kernel="chees", full_mass=True, init="map",
+            num_chains=2, num_warmup=10, num_samples=5, progress=False,
+        )  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def schools() -> SequenceData:
     return SequenceData(torch.tensor(SIGMA)[:, None], torch.tensor(Y))

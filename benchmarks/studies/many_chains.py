@@ -44,6 +44,7 @@ import numpy as np
 import pyro
 import torch
 
+from benchmarks.quality import CHEES_MODEL
 from benchmarks.studies.nuts_vs_numpyro import (
     MODEL,
     Run,
@@ -201,6 +202,7 @@ def convergence(
     bayesian: Sequence[str] = MODEL["bayesian"],
     progress: bool = False,
     full_mass: bool = False,
+    sizes: dict = MODEL,
 ) -> dict:
     """The convergence row: ChEES from ``init`` starts on the classifier of the NUTS benchmark
     (digits, ``seed``), judged as ``diagnose`` judges many chains. Every part is latent by
@@ -216,7 +218,7 @@ def convergence(
     train, test = load_data(train_rows, test_rows, seed)
     start = time.perf_counter()
     post = fit_mcmc(
-        SequenceClassifier(**{**MODEL, "bayesian": tuple(bayesian)}), train, kernel="chees",
+        SequenceClassifier(**{**sizes, "bayesian": tuple(bayesian)}), train, kernel="chees",
         num_chains=num_chains, num_starts=num_starts, init=init, num_warmup=num_warmup,
         num_samples=num_samples, map_steps=500, seed=seed, progress=progress,
         full_mass=full_mass,
@@ -227,6 +229,7 @@ def convergence(
     weights = table.drop(index="attention", errors="ignore")
     mean = post.predict(test.x, test.mask, num_samples=None, seed=seed).mean
     return dict(
+        sizes={k: v for k, v in sizes.items() if k != "bayesian"},
         init=init,
         full_mass=full_mass,
         bayesian=list(bayesian),
@@ -438,6 +441,13 @@ def _parse(argv):
         "--full-mass", action="store_true", help="--convergence: ChEES adapts a dense metric"
     )
     parser.add_argument(
+        "--classifier",
+        choices=("nuts", "quality"),
+        default="nuts",
+        help="--convergence: the NUTS benchmark's classifier (d_model 8, 780 latents) or the "
+        "quality benchmark's (d_model 32, 4 heads; 9,230 latents when every part is)",
+    )
+    parser.add_argument(
         "--curvature",
         action="store_true",
         help="only the Hessian spectrum of the 780-latent classifier near a MAP point",
@@ -469,6 +479,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
             num_samples=args.chees_samples, train_rows=args.train_rows,
             test_rows=args.test_rows, seed=args.seed, init=args.init, bayesian=args.bayesian,
             progress=args.progress, full_mass=args.full_mass,
+            sizes=MODEL if args.classifier == "nuts" else {**MODEL, **CHEES_MODEL},
         )  # fmt: skip
         print(json.dumps(row, indent=1, default=str))
         return row

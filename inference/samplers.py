@@ -232,7 +232,9 @@ class ChEES:
             instead of a diagonal one: for posteriors whose narrow directions are not along
             the axes (weight symmetries, a softmax head's shift), where a diagonal metric
             forces the step size down to the narrowest of them. At most ``MAX_DENSE_DIM``
-            unconstrained scalars.
+            unconstrained scalars. A window with fewer than twice as many draws (chains x
+            transitions) as scalars adapts the diagonal instead: its covariance would be
+            rank-deficient and freeze the directions it missed.
 
     Raises:
         ValueError: ``dense`` for a density of more than ``MAX_DENSE_DIM`` scalars (at
@@ -407,13 +409,16 @@ class ChEES:
             if moving.sum() < 2:
                 moving = torch.ones_like(moving)
             groups = None if self.superchain is None else self.superchain[moving]
-            if self.dense:
+            # a dense estimate needs more window draws than dimensions; below that it is
+            # rank-deficient and would freeze the unexplored directions: keep the diagonal
+            if self.dense and n * int(moving.sum()) > 2 * state.z.shape[1]:
                 covariance = regularized_covariance(torch.stack(window)[:, moving], groups)
                 self._cholesky = torch.linalg.cholesky(covariance).to(state.z.dtype)
                 self.covariance = covariance.to(state.z.dtype)
             else:
                 pooled = regularized_variance(total[moving], squares[moving], n, groups)
                 self.inv_mass = pooled.to(state.z.dtype)
+                self.covariance = self._cholesky = None
             self._windows.pop(0)
             self._sums = None
             self._restart_step_size(state)

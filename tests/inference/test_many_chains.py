@@ -266,6 +266,19 @@ def test_a_dense_metric_takes_unit_steps_along_a_ridge_off_the_axes(dense):
     assert float(move.accept_prob.mean()) > 0.3
 
 
+def test_a_dense_metric_falls_back_to_the_diagonal_with_fewer_draws_than_dimensions():
+    """2 chains on a 300-dimensional N(0, I): each window holds fewer draws than dimensions, so
+    the metric stays diagonal (a rank-deficient covariance halved the sampled sd)."""
+    sampler = samplers.ChEES(
+        lambda z: (-0.5 * z.square().sum(1), -z), ChainRNG(0, 2, CPU), 100, dense=True
+    )
+    state = sampler.init(torch.zeros(2, 300))
+    for _ in range(100):
+        state, _ = sampler.step(state, adapt=True)
+    assert sampler.covariance is None
+    assert ((sampler.inv_mass > 0.3) & (sampler.inv_mass < 3.0)).float().mean() > 0.9
+
+
 def test_the_dense_metric_is_the_covariance_within_superchains():
     """Draws of two superchains around means 50 apart: the metric is the covariance around
     each superchain's mean (the known ``Σ``, within sampling error), not the distance between

@@ -350,6 +350,13 @@ def parse_sequences(sequences: list, model, *, tokens: bool) -> torch.Tensor:
     """
     loc = ("body", "sequences")
     if tokens:
+        ids = [v for v in _leaves(sequences) if type(v) is int]  # in Python ints: beyond int64 too
+        if ids and (min(ids) < 0 or max(ids) >= model.vocab_size):
+            raise InvalidInput(
+                loc,
+                f"expected token ids in [0, {model.vocab_size}), got values in "
+                f"[{min(ids)}, {max(ids)}]",
+            )
         expected = f"(N, T) integer token ids, T <= {model.max_len}"
         array = _array(sequences, loc, expected, "iu", PAD_HINT)
         if array.ndim != 2:
@@ -379,14 +386,14 @@ def _array(value: list, loc: tuple, expected: str, kinds: str, hint: str = "") -
             f"expected {expected} as a rectangular array, got ragged rows or values of "
             f"mixed or unsupported types{hint}",
         )
+    if array.size == 0:
+        raise InvalidInput(loc, f"expected {expected}, got an empty array of shape {array.shape}")
     if array.dtype.kind in "iuf" and any(isinstance(v, bool) for v in _leaves(value)):
         raise InvalidInput(loc, f"expected {expected}, got true or false among the numbers")
     if array.dtype.kind not in kinds:
         names = {"b": "booleans", "U": "strings", "f": "floating-point numbers", "i": "integers"}
         got = names.get(array.dtype.kind, str(array.dtype))
         raise InvalidInput(loc, f"expected {expected}, got {got}")
-    if array.size == 0:
-        raise InvalidInput(loc, f"expected {expected}, got an empty array of shape {array.shape}")
     return array
 
 

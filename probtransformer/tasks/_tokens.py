@@ -133,6 +133,10 @@ class TokenTask(Task):
             raise ValueError(
                 f"{path} must hold token ids of shape (N, T) with N, T >= 1, got {x.shape}"
             )
+        if x.dtype.kind == "u" and x.max() > np.iinfo(np.int64).max:  # before it wraps
+            raise ValueError(
+                f"{path} must hold token ids that fit int64, got values up to {int(x.max())}"
+            )
         return x.astype(np.int64)
 
     def _read_text(

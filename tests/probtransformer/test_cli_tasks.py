@@ -134,6 +134,7 @@ def test_tagging_predict_text_and_token_ids(tagging_run, tmp_path, capsys):
         ("x.npy", np.zeros((2, 3), np.float32), "must hold integer token ids"),
         ("x.npy", np.zeros(3, np.int64), "shape (N, T)"),
         ("ids.npy", np.full((1, 3), 10_000), "ids.npy must hold token ids in [0, "),
+        ("ids.npy", np.full((1, 3), 2**63, np.uint64), f"fit int64, got values up to {2**63}"),
         (
             "ids.npy",
             np.zeros((1, 65), np.int64),

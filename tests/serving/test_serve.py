@@ -461,6 +461,12 @@ def test_token_requests_are_checked_against_the_vocabulary(lm_server, lm_run):
     outside = _post(lm_server, {"sequences": [[0, vocab_size]]}, headers={})
     assert outside.status_code == 422
     assert f"token ids in [0, {vocab_size})" in outside.json()["detail"][0]["msg"]
+    for ids in ([[0, 10**22]], [[2**63, 1]]):  # beyond int64, and what numpy reads as uint64
+        huge = _post(lm_server, {"sequences": ids}, headers={})
+        assert huge.status_code == 422
+        assert f"got values in [{min(ids[0])}, {max(ids[0])}]" in huge.json()["detail"][0]["msg"]
+    empty = _post(lm_server, {"sequences": [[]]}, headers={})
+    assert "got an empty array of shape (1, 0)" in empty.json()["detail"][0]["msg"]
     floats = _post(lm_server, {"sequences": [[0.0, 1.5]]}, headers={})
     assert floats.status_code == 422 and "got floating-point" in floats.json()["detail"][0]["msg"]
     prompt = httpx.post(f"{lm_server.url}/generate", json={"prompt": [vocab_size]}, timeout=10)

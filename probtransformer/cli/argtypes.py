@@ -16,7 +16,7 @@ def int_in(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
 
     def parse(text: str) -> int:
         try:
-            value = int(text)
+            value = int(_plain(text))
             check_int("value", value, minimum=minimum)
         except ValueError:
             value = None
@@ -25,6 +25,13 @@ def int_in(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+def _plain(text: str) -> str:
+    """``text``, refused when it holds Python's digit separator (``int("1_0")`` is 10)."""
+    if "_" in text:
+        raise ValueError(text)
+    return text
 
 
 positive_int = int_in(1)
@@ -42,7 +49,7 @@ def float_in(
 
     def parse(text: str) -> float:
         try:
-            value = float(text)
+            value = float(_plain(text))
         except ValueError:
             value = math.nan
         low_ok = value > minimum if above else value >= minimum

@@ -189,7 +189,30 @@ def with_mcmc_preset(args: argparse.Namespace) -> argparse.Namespace:
     preset = mcmc_preset(args.kernel or mcmc_preset()["kernel"])
     if args.num_chains is not None or args.init is not None:
         preset.pop("num_starts", None)
-    return with_preset(args, preset)
+    args = with_preset(args, preset)
+    check_starts(args)
+    return args
+
+
+def check_starts(args: argparse.Namespace) -> None:
+    """Refuse ``--num-starts`` that does not divide ``--num-chains``, or several ``--init map``
+    starts, naming the options rather than ``fit_mcmc``'s parameters (after the preset).
+
+    Raises:
+        CLIError: naming both options and their values.
+    """
+    if args.num_starts is None:  # fit_mcmc's default fits every kernel, init and K
+        return
+    if args.num_chains % args.num_starts:
+        raise CLIError(
+            f"--num-chains must be a multiple of --num-starts (each start runs the same number "
+            f"of chains), got --num-chains {args.num_chains} and --num-starts {args.num_starts}"
+        )
+    if args.init == "map" and args.num_starts != 1:
+        raise CLIError(
+            f"--init map starts every chain from one MAP fit, so --num-starts must be 1, got "
+            f"{args.num_starts}; use --init ensemble for {args.num_starts} MAP fits"
+        )
 
 
 def with_preset(args: argparse.Namespace, preset: dict[str, Any]) -> argparse.Namespace:

@@ -288,10 +288,10 @@ def build_parser() -> argparse.ArgumentParser:
     mcmc.add_argument("--num-draws", type=positive_int, metavar="N", help="kept draws per chain")
     mcmc.add_argument(
         "--target-accept-prob",
-        type=float,
+        type=float_in(0, 1, above=True, below=True),
         metavar="P",
-        help="nuts, hmc and chees: acceptance probability the step size is adapted to (chees: "
-        "the harmonic mean over chains)",
+        help="nuts, hmc and chees: acceptance probability in (0, 1) the step size is adapted "
+        "to (chees: the harmonic mean over chains)",
     )
     mcmc.add_argument(
         "--max-tree-depth",

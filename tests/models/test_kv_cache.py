@@ -236,7 +236,7 @@ def test_mc_dropout_decodes_with_a_cache_per_draw():
         (dict(prompt=[[1, 2], [V]]), ValueError, "token ids"),
         (dict(prompt=[1, "a"]), TypeError, "must hold ints"),
         (dict(prompt=[None]), TypeError, "NoneType"),
-        (dict(prompt=[2**70]), ValueError, f"got values in \[{2**70}, {2**70}\]"),
+        (dict(prompt=[2**70]), ValueError, rf"got values in \[{2**70}, {2**70}\]"),
         (dict(prompt=np.array(["a", "b"])), ValueError, "dtype <U1"),
         (dict(prompt=torch.tensor([1 + 0j])), ValueError, "complex"),
         (dict(bayes_average="no"), TypeError, "bayes_average"),

@@ -758,7 +758,8 @@ def test_mcmc_interrupted_before_a_draw_writes_nothing(
         (["--num-warmup", "-1"], "integer >= 0"),
         (["--num-draws", "0"], "integer >= 1"),
         (["--kernel", "gibbs"], "invalid choice: 'gibbs'"),
-        (["--target-accept-prob", "1.5"], "target_accept_prob must be a float in (0, 1)"),
+        (["--target-accept-prob", "1.5"], "--target-accept-prob: expected a number in (0, 1)"),
+        (["--num-warmup", "1_0"], "--num-warmup: expected an integer >= 0, got '1_0'"),
     ],
 )
 def test_mcmc_bad_arguments(args, message, tmp_path, monkeypatch, capsys, one_error_line):
@@ -771,9 +772,9 @@ def test_mcmc_bad_arguments(args, message, tmp_path, monkeypatch, capsys, one_er
 @pytest.mark.parametrize(
     "args, message",
     [
-        # the library's ValueError, on one line
-        (["--num-chains", "3"], "num_chains must be a multiple of num_starts"),
-        (["--init", "map"], "init='map' starts every chain from one MAP fit"),
+        # refused by the CLI in its options' names (the library would name its parameters)
+        (["--num-chains", "3"], "got --num-chains 3 and --num-starts 2"),
+        (["--init", "map"], "so --num-starts must be 1, got 2"),
         # refused by the CLI: the option does not apply to the kernel
         (["--jit-compile"], "--jit-compile applies to --kernel nuts and hmc, not chees"),
         (["--no-jit-compile"], "--jit-compile applies to --kernel nuts and hmc, not chees"),
@@ -880,6 +881,7 @@ def test_predict_csv_without_header(run, splits, tmp_path):
         (["--d-model", "15", "--num-heads", "2"], {}, "multiple of num_heads"),
         (["--dropout", "1.5"], {}, "argument --dropout: expected a number in [0, 1), got '1.5'"),
         (["--lr", "-1"], {}, "argument --lr: expected a number in (0, 10], got '-1'"),
+        (["--lr", "1_0"], {}, "argument --lr: expected a number in (0, 10], got '1_0'"),
         (["--seed", "-1"], {}, "--seed: expected an integer in [0, 4294967295], got '-1'"),
         (["--num-layers", "100000"], {}, "--num-layers: expected an integer in [1, 1024]"),
         (["--out", ""], {}, "--out must name a directory, got an empty string"),

@@ -273,7 +273,7 @@ def fit_mcmc(
                 "with a diagonal metric"
             )
         if not isinstance(full_mass, bool):
-            raise TypeError(f"full_mass must be a bool, got {type(full_mass).__name__}")
+            raise TypeError(f"full_mass must be a Python bool, got {full_mass!r}")  # np.True_ too
         if 0 < num_warmup < MIN_WARMUP and kernel != "mclmc":
             warnings.warn(
                 f"num_warmup={num_warmup} is short for adapting the step size and mass matrix "

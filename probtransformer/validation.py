@@ -49,7 +49,7 @@ def check_int(
     ok_type = isinstance(value, int) and not isinstance(value, bool)
     if type_error:
         if not ok_type:
-            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+            raise TypeError(f"{name} must be an int, got {value_and_type(value)}")
         if minimum is not None and value < minimum:
             raise ValueError(f"{name} must be >= {minimum}, got {value}")
     elif not ok_type or (minimum is not None and value < minimum):

@@ -3,6 +3,7 @@
 import math
 from unittest import mock
 
+import numpy as np
 import pyro
 import pyro.distributions as dist
 import pyro.infer.mcmc.api
@@ -428,8 +429,10 @@ def test_a_model_without_latents_is_refused_before_any_fit(digits):
 
 
 def test_full_mass_must_be_a_bool(regression):
-    with pytest.raises(TypeError, match="full_mass must be a bool"):
+    with pytest.raises(TypeError, match="full_mass must be a Python bool, got 'yes'"):
         fit_mcmc(BayesianLinearRegression(2), regression, full_mass="yes")
+    with pytest.raises(TypeError, match="got np.True_"):  # numpy's bool prints as "bool"
+        fit_mcmc(BayesianLinearRegression(2), regression, full_mass=np.True_)
 
 
 def test_short_warmup_warns(regression):

@@ -174,7 +174,9 @@ def test_a_non_finite_step_rolls_back_to_the_last_finite_parameters(data):
 def test_svi_init_checks_its_arguments(data):
     with pytest.raises(ValueError, match="guide must be one of"):
         svi_init(_model(), data, guide="laplace")
-    with pytest.raises(TypeError, match="num_steps must be an int, got float"):
+    with pytest.raises(
+        TypeError, match=r"num_steps must be an int, got 3.0 of type float \(pass a Python int\)"
+    ):
         svi_init(_model(), data, num_steps=3.0)
     with pytest.raises(ValueError, match=r"lr_decay must be in \(0, 1\] \(0 only with"):
         svi_init(_model(), data, lr_decay=0.0)

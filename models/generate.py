@@ -166,7 +166,8 @@ def prompt_ids(model: CausalLM, prompt) -> tuple[torch.Tensor, int]:
         )
     if isinstance(prompt, np.ndarray) and prompt.size:  # before uint64 ids wrap in int64
         _check_id_range(model, int(prompt.min()), int(prompt.max()))
-    ids = torch.as_tensor(np.asarray(prompt) if isinstance(prompt, list | tuple) else prompt)
+    # a copy: a read-only array (a pandas Series's values) would make torch warn
+    ids = torch.as_tensor(prompt if isinstance(prompt, torch.Tensor) else np.array(prompt))
     if ids.device.type == "meta":
         raise ValueError("prompt is on the 'meta' device, which holds no values")
     if (

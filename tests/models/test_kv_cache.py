@@ -3,6 +3,8 @@ positional scheme and attention prior, the same tokens with and without the cach
 MCMC and ensemble posteriors, ragged prompt batches, Thompson decoding, and the window beyond
 ``max_len``."""
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -247,6 +249,17 @@ def test_bad_arguments_raise(svi, kwargs, error, match):
     kwargs = {"prompt": [1, 2], "max_new_tokens": 2, **kwargs}
     with pytest.raises(error, match=match):
         generate(svi, kwargs.pop("prompt"), **kwargs)
+
+
+def test_a_read_only_prompt_array_is_read_without_torch_warning(svi):
+    """A pandas Series's values can be read-only, and torch warns on those."""
+    ids = np.array([1, 2])
+    ids.flags.writeable = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = generate(svi, ids, max_new_tokens=2, num_samples=3, seed=0)
+    expected = generate(svi, [1, 2], max_new_tokens=2, num_samples=3, seed=0)
+    assert got.token_ids.tolist() == expected.token_ids.tolist()
 
 
 def test_a_tiny_temperature_is_greedy_not_nan(svi):

@@ -183,12 +183,14 @@ def create_app(service: Service, limits: Limits | None = None, *, api_key: str |
     async def http_error(request: Request, error: StarletteHTTPException):
         if error.status_code == 400 and error.detail == UNPARSED_BODY:  # FastAPI's own
             cause = error.__cause__
+            # without Python's advice to the operator on a number over 4,300 digits
+            reason = str(cause).split("; use sys.set_int_max_str_digits")[0]
             detail = [
                 {
                     "type": "json_invalid",
                     "loc": ["body"],
                     "msg": "the body is not JSON that this server can read: "
-                    f"{type(cause).__name__}: {cause}",
+                    f"{type(cause).__name__}: {reason}",
                 }
             ]
             return JSONResponse({"detail": detail}, 422)

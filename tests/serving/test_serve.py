@@ -322,6 +322,7 @@ def test_bad_json_and_nan_get_422(server):
     long_number = b'{"sequences": [[[1' + b"1" * 5000 + b"]]]}"  # beyond Python's int digits
     long = httpx.post(f"{server.url}/predict", content=long_number, headers=headers, timeout=10)
     assert long.status_code == 422 and "not JSON that this server can read" in long.text
+    assert "has 5001 digits" in long.text and "set_int_max_str_digits" not in long.text
     plain = httpx.post(f"{server.url}/predict", content=b"{}", headers=HEADERS, timeout=10)
     assert plain.status_code == 415 and "Content-Type: application/json" in plain.text
     _still_serving(server)

@@ -88,11 +88,16 @@ class MicroBatcher:
         self._loop_task = asyncio.get_running_loop().create_task(self._serve())
 
     async def stop(self) -> None:
-        """Finish the requests already waiting, then stop the loop and the worker thread."""
+        """Finish the requests already waiting, then stop the loop and the worker thread.
+
+        Called once the server has answered or cancelled every request: a batch still on the
+        worker then has no client, and stops at its next check (a pass that outlived the drain
+        would otherwise hold the process until it ends)."""
         while self._pending:
             await asyncio.sleep(0.01)
         if self._loop_task is not None:
             self._loop_task.cancel()
+        self._left.set()
         self._worker.shutdown(wait=True)
 
     async def submit(self, key: Hashable, payload: Any, rows: int) -> Any:

@@ -91,6 +91,33 @@ def test_a_running_call_learns_that_every_client_left_and_a_shared_one_does_not(
     assert len(parts) == 200  # the next request ran whole
 
 
+def test_stopping_ends_a_running_call_whose_clients_were_cancelled_by_the_shutdown():
+    """uvicorn cancels the requests that outlive its drain, then the lifespan calls ``stop``
+    before the cancelled waits run again: the call must stop at its next check, not hold the
+    process until its last part."""
+    parts, started = [], threading.Event()
+
+    def run_batch(payloads, abandoned):
+        started.set()
+        for part in range(1000):  # 1000 parts of 10 ms
+            if abandoned():
+                raise Abandoned("every client left")
+            parts.append(part)
+            time.sleep(0.01)
+        return payloads
+
+    async def scenario():
+        batcher = MicroBatcher(run_batch, max_rows=8, max_wait=0.0)
+        batcher.start()
+        answer = asyncio.ensure_future(batcher.submit("k", 1, 1))
+        await asyncio.get_running_loop().run_in_executor(None, started.wait)
+        answer.cancel()  # no await: stop runs before the cancelled wait does
+        await batcher.stop()
+
+    _run(scenario)
+    assert len(parts) < 100
+
+
 def test_a_failing_merged_call_is_retried_one_request_at_a_time():
     def run_batch(payloads, abandoned):
         if "bad" in payloads:

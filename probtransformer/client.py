@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -54,8 +56,9 @@ class Client:
 
     Raises:
         ImportError: httpx is missing.
-        ValueError: an ``api_key`` that no HTTP header can carry (empty, whitespace at its
-            ends, control or non-ASCII characters).
+        ValueError: a ``url`` that is not ``http(s)://host[:port][/path]``, a ``timeout`` that
+            is not a positive number (or None: wait forever), or an ``api_key`` that no HTTP
+            header can carry (empty, whitespace at its ends, control or non-ASCII characters).
     """
 
     def __init__(
@@ -67,6 +70,21 @@ class Client:
             raise ImportError(
                 "the client needs httpx: pip install 'probtransformer[serve]'"
             ) from None
+        try:
+            parsed = httpx.URL(url)
+        except (httpx.InvalidURL, TypeError) as e:
+            raise ValueError(f"url must be http(s)://host[:port], got {url!r}: {e}") from None
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            raise ValueError(f"url must be http(s)://host[:port], got {url!r}")
+        if timeout is not None and not (
+            isinstance(timeout, int | float)
+            and not isinstance(timeout, bool)
+            and timeout > 0
+            and math.isfinite(timeout)
+        ):
+            raise ValueError(
+                f"timeout must be a positive number of seconds or None, got {timeout!r}"
+            )
         if api_key is not None and not _header_safe(api_key):
             raise ValueError(
                 "api_key must be non-empty printable ASCII without whitespace at its ends"
@@ -148,15 +166,18 @@ class Client:
                 seed=seed,
                 return_draws=True,
             )
-            rows.extend(answer["rows"])
+            rows.extend(self._rows(answer, len(x[start : start + limit])))
         draws = [row["draws"] for row in rows]
-        if "probs" in draws[0]:
-            return Prediction(probs=_stack(draws, "probs"))
-        return RegressionPrediction(
-            samples=_stack(draws, "samples"),
-            loc=_stack(draws, "loc"),
-            variance=_stack(draws, "variance"),
-        )
+        try:
+            if "probs" in draws[0]:
+                return Prediction(probs=_stack(draws, "probs"))
+            return RegressionPrediction(
+                samples=_stack(draws, "samples"),
+                loc=_stack(draws, "loc"),
+                variance=_stack(draws, "variance"),
+            )
+        except (KeyError, TypeError, ValueError, RuntimeError) as e:
+            raise self._not_ours(200, f"its draws do not stack: {type(e).__name__}: {e}") from None
 
     def generate(self, prompt: str | list[int], **options: Any) -> Iterator[TokenStep]:
         """``POST /generate``: the tokens after ``prompt`` as they are decoded, each a
@@ -188,6 +209,12 @@ class Client:
                         elif event == "error":
                             raise ServerError(200, f"generation failed: {data['detail']}")
                         else:
+                            if data.get("unknown"):  # as generate warns locally
+                                warnings.warn(
+                                    f"{data['unknown']} prompt character(s) are outside the "
+                                    "vocabulary and were mapped to <unk>",
+                                    stacklevel=2,
+                                )
                             return
 
     # -- plumbing -------------------------------------------------------------------------
@@ -196,7 +223,27 @@ class Client:
         with self._connected():
             response = self._http.request(method, path, **kwargs)
         _raise_for(response)
-        return response.json()
+        try:  # the server never sends NaN: JSON that holds one is someone else's
+            return json.loads(response.text, parse_constant=_refuse_constant)
+        except ValueError as e:
+            raise self._not_ours(response.status_code, f"not its JSON ({e})") from None
+
+    def _rows(self, answer: Any, expected: int) -> list[dict]:
+        """The ``rows`` of a ``/predict`` answer, each with its ``draws``."""
+        rows = answer.get("rows") if isinstance(answer, dict) else None
+        if not isinstance(rows, list) or len(rows) != expected:
+            got = "no rows" if not isinstance(rows, list) else f"{len(rows)} rows"
+            raise self._not_ours(200, f"{got} for {expected} sequences")
+        if not all(isinstance(row, dict) and isinstance(row.get("draws"), dict) for row in rows):
+            raise self._not_ours(200, "rows without draws")
+        return rows
+
+    def _not_ours(self, status: int, what: str) -> ServerError:
+        return ServerError(
+            status,
+            f"{self._http.base_url} answered in a way probtransformer serve does not: {what}; "
+            "is the URL a probtransformer server's?",
+        )
 
     @contextlib.contextmanager
     def _connected(self) -> Iterator[None]:
@@ -207,6 +254,10 @@ class Client:
             raise TimeoutError(f"no answer from {self._http.base_url} in time: {e}") from e
         except self._httpx.TransportError as e:
             raise ConnectionError(f"cannot reach the server at {self._http.base_url}: {e}") from e
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"a bare {name}")
 
 
 def _header_safe(key: str) -> bool:

@@ -83,6 +83,8 @@ def read_run(run_dir: str | Path, *, device: str = "cpu") -> Run:
     from probtransformer.inference.serialization import META_FILE
 
     run_dir = Path(run_dir)
+    if not run_dir.exists():
+        raise ValueError(f"{run_dir} does not exist: give the directory that fit wrote")
     if not is_run_dir(run_dir) and (run_dir / META_FILE).is_file():
         post = load_posterior(run_dir, device=device)
         return Run(run_dir, dict(post.record), post)

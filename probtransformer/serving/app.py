@@ -185,6 +185,8 @@ def create_app(service: Service, limits: Limits | None = None, *, api_key: str |
             cause = error.__cause__
             # without Python's advice to the operator on a number over 4,300 digits
             reason = str(cause).split("; use sys.set_int_max_str_digits")[0]
+            if isinstance(cause, RecursionError):
+                reason = "arrays nested too deeply"
             detail = [
                 {
                     "type": "json_invalid",
@@ -250,8 +252,8 @@ def create_app(service: Service, limits: Limits | None = None, *, api_key: str |
         if size > limits.max_response_bytes:
             raise HTTPException(
                 413,
-                f"the answer would hold about {size / 2**20:.0f} MiB of JSON; this server sends "
-                f"at most {limits.max_response_bytes / 2**20:.0f} MiB: ask for fewer rows, "
+                f"the answer would hold about {size / 2**20:.3g} MiB of JSON; this server sends "
+                f"at most {limits.max_response_bytes / 2**20:.3g} MiB: ask for fewer rows, "
                 "fewer draws, or no draws or attention",
             )
         key = payload.key(merges)

@@ -381,10 +381,24 @@ def _array(value: list, loc: tuple, expected: str, kinds: str, hint: str = "") -
     except (ValueError, OverflowError):  # ragged (NumPy >= 1.24 refuses them)
         array = np.asarray(value, dtype=object)
     if array.dtype == object:
+        leaves = list(_leaves(value))
+        others = {JSON_TYPES.get(type(v), type(v).__name__) for v in leaves}
+        others -= {"int", "float", "true or false" if "b" in kinds else "int"}
+        if others:
+            raise InvalidInput(loc, f"expected {expected}, got {' and '.join(sorted(others))}")
+        if "f" in kinds:  # numbers only: integers beyond int64, or ragged rows
+            try:
+                array = np.asarray(value, dtype=np.float64)
+            except OverflowError:
+                raise InvalidInput(
+                    loc, f"expected {expected}, got an integer beyond float64's range"
+                ) from None
+            except ValueError:
+                pass
+    if array.dtype == object:
         raise InvalidInput(
             loc,
-            f"expected {expected} as a rectangular array, got ragged rows or values of "
-            f"mixed or unsupported types{hint}",
+            f"expected {expected} as a rectangular array, got ragged rows{hint}",
         )
     if array.size == 0:
         raise InvalidInput(loc, f"expected {expected}, got an empty array of shape {array.shape}")
@@ -395,6 +409,10 @@ def _array(value: list, loc: tuple, expected: str, kinds: str, hint: str = "") -
         got = names.get(array.dtype.kind, str(array.dtype))
         raise InvalidInput(loc, f"expected {expected}, got {got}")
     return array
+
+
+#: How the values a JSON body can hold read in a message (by their Python types).
+JSON_TYPES = {type(None): "null", dict: "objects", str: "strings", bool: "true or false"}
 
 
 def _leaves(value: list):

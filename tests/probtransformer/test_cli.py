@@ -1043,7 +1043,8 @@ def test_not_a_run_directory(command, run_dir, tmp_path, capsys, one_error_line)
     np.save(tmp_path / "x.npy", np.zeros((1, T, F), np.float32))
     extra = ["--input", str(tmp_path / "x.npy")] if command == "predict" else []
     assert main([command, str(tmp_path / run_dir), *extra]) == 2
-    assert "is not a probtransformer run directory" in one_error_line(capsys)
+    words = "does not exist" if run_dir == "absent" else "is not a probtransformer run directory"
+    assert words in one_error_line(capsys)
 
 
 @pytest.mark.parametrize(

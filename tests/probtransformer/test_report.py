@@ -163,7 +163,8 @@ def test_report_of_a_non_run_directory(kind, tmp_path, capsys, one_error_line):
         target.mkdir()
         (target / "metrics.json").write_text("{}")
     assert main(["report", str(target)]) == 2
-    assert "is not a probtransformer run directory" in one_error_line(capsys)
+    words = "does not exist" if kind == "absent" else "is not a probtransformer run directory"
+    assert words in one_error_line(capsys)
     assert not (target / "report.html").exists()
 
 

@@ -248,6 +248,9 @@ def test_client_prediction_equals_posterior_predict(server, digits_run, digits):
 def test_out_of_range_features_are_warned_about(server):
     answer = _post(server, {"sequences": [[[50.0] * F] * T], "num_samples": 2}).json()
     assert "preprocessed as in training" in answer["warnings"][0]
+    beyond_int64 = _post(server, {"sequences": [[[10**20] * F] * T], "num_samples": 2})
+    as_float = _post(server, {"sequences": [[[1e20] * F] * T], "num_samples": 2})
+    assert beyond_int64.json() == as_float.json()  # the integer is read as the float it equals
 
 
 def test_concurrent_requests_merge_and_each_equals_its_answer_alone(server, digits):
@@ -288,6 +291,9 @@ ROW = [[0.5] * F] * T
         ({"sequences": [ROW], "mask": [[1] * T]}, "mask", "booleans, got integers"),
         ({"sequences": [ROW], "mask": [[True] * T, [True]]}, "mask", "ragged"),
         ({"sequences": [[[1e300] * F] * T]}, "sequences", "float32's range"),
+        ({"sequences": [[[10**400] * F] * T]}, "sequences", "integer beyond float64's range"),
+        ({"sequences": [[[None] + [0.5] * (F - 1)] * T]}, "sequences", "got null"),
+        ({"sequences": [ROW], "mask": [[True] * (T - 1) + [None]]}, "mask", "got null"),
         ({"sequences": [[[True] + [0.5] * (F - 1)] * T]}, "sequences", "true or false among"),
         ({"sequences": [ROW], "interval": "0.9"}, "interval", "valid number"),
         ({"sequences": [ROW], "abstain_above": True}, "abstain_above", "valid number"),
@@ -323,6 +329,9 @@ def test_bad_json_and_nan_get_422(server):
     long = httpx.post(f"{server.url}/predict", content=long_number, headers=headers, timeout=10)
     assert long.status_code == 422 and "not JSON that this server can read" in long.text
     assert "has 5001 digits" in long.text and "set_int_max_str_digits" not in long.text
+    deep = b'{"sequences": ' + b"[" * 5_000 + b"]" * 5_000 + b"}"
+    nested = httpx.post(f"{server.url}/predict", content=deep, headers=headers, timeout=10)
+    assert nested.status_code == 422 and "arrays nested too deeply" in nested.text
     plain = httpx.post(f"{server.url}/predict", content=b"{}", headers=HEADERS, timeout=10)
     assert plain.status_code == 415 and "Content-Type: application/json" in plain.text
     _still_serving(server)
@@ -420,6 +429,7 @@ def test_over_the_row_or_body_limit_gets_413(server):
     assert chunked.status_code == 413
     answer = _post(server, {"sequences": [ROW] * 8, "num_samples": 1000, "return_draws": True})
     assert answer.status_code == 413 and "fewer draws" in answer.json()["detail"]
+    assert f"at most {MAX_ANSWER / 2**20:.3g} MiB" in answer.json()["detail"]  # not "0 MiB"
     _still_serving(server)
 
 

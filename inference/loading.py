@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import pickle
 import warnings
@@ -70,8 +71,10 @@ def load_posterior(path: str | os.PathLike, *, device: str | torch.device = "cpu
             isinstance(x_range, list)
             and len(x_range) == 2
             and all(isinstance(v, int | float) and not isinstance(v, bool) for v in x_range)
+            and all(math.isfinite(v) for v in x_range)  # NaN would turn the range warning off
+            and x_range[0] <= x_range[1]
         ):
-            raise ValueError(f"record.x_range must be [low, high], got {x_range!r}")
+            raise ValueError(f"record.x_range must be finite [low, high], got {x_range!r}")
         samples = tensors["samples"]
         if samples is not None:
             samples = {k: v.to(device) for k, v in samples.items()}

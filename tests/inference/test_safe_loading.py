@@ -322,3 +322,18 @@ def test_a_config_asking_for_huge_unsaved_sizes_is_refused_at_once(tmp_path, cha
 def test_a_run_directory_given_for_its_posterior_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"it holds one, load .*run/posterior"):
         load_posterior(FIXTURE_RUN)
+
+
+@pytest.mark.parametrize(
+    "x_range", [[float("nan"), 1.0], [0.0, float("inf")], [1.0, 0.0], [0, "1"]]
+)
+def test_a_training_range_that_would_silence_the_range_warning_is_refused(tmp_path, x_range):
+    """NaN bounds compare false, so a run with them never warned of inputs out of range."""
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURE_RUN, run)
+    meta_path = run / "posterior" / "posterior.json"
+    meta = json.loads(meta_path.read_text())
+    meta["record"]["x_range"] = x_range
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=r"record.x_range must be finite \[low, high\]"):
+        load_posterior(run / "posterior")

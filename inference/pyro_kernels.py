@@ -160,6 +160,13 @@ def run_pyro_kernel(model, train, kept, settings: dict, step_size, seed, progres
             except KeyboardInterrupt:
                 partial = True
                 stop_workers(mcmc)
+            except RuntimeError as e:  # the density ran without the JIT in check_initial_density
+                if not settings["jit_compile"]:
+                    raise
+                raise ValueError(
+                    f"the PyTorch JIT could not run {type(model).__name__}'s traced log density "
+                    f"({e}); fit again with jit_compile=False (the CLI's --no-jit-compile)"
+                ) from e
     samples, stats = _collect(received, sampler, transforms)
     return samples, stats, dict(partial=partial, parallel=runs_in_worker_processes(mcmc))
 

@@ -9,7 +9,7 @@ from torch import nn
 
 from probtransformer import kv_cache, priors
 from probtransformer.attention import BayesMultiheadAttention
-from probtransformer.layers import BayesLayerNorm, BayesLinear, Dropout
+from probtransformer.layers import BayesLayerNorm, BayesLinear, Dropout, flatten_draws
 
 #: Parts of a Transformer that can be made latent (``bayesian=`` of the models).
 BAYESIAN_PARTS = ("embedding", "attention", "ffn", "norm", "head")
@@ -78,17 +78,25 @@ class ConvMixing(PyroModule):
             h = h * key_padding_mask[..., None].to(h.dtype)
         T = h.shape[-2]
         before = self.kernel - 1 if self.causal else (self.kernel - 1) // 2
+        # one (d, kernel) window per draw when the chains of fit_mcmc carry their own values
+        weight = flatten_draws(self.weight, 3)[:, :, 0]  # (s_w, d, kernel)
+        bias = flatten_draws(self.bias, 1)  # (s_w, d)
         cache = kv_cache.active()
+        if cache is None and weight.shape[0] == 1:  # shared weights: torch's depthwise conv
+            lead = h.shape[:-2]
+            x = h.reshape(-1, *h.shape[-2:]).transpose(1, 2)  # (s N, d, T)
+            x = F.pad(x, (before, self.kernel - 1 - before))
+            out = F.conv1d(x, self.weight, self.bias, groups=x.shape[1])  # (s N, d, T)
+            return out.transpose(1, 2).reshape(*lead, T, -1)
         if cache is not None:  # decoding: the windows of the new steps, a few each
             h = cache.preceding(self, h, before)  # (s, N, before + T, d), zeros at the start
-            windows = h.unfold(-2, self.kernel, 1)  # (s, N, T, d, kernel)
-            # a product and a sum: torch's depthwise conv1d costs 10x more on a few steps
-            return (windows * self.weight[:, 0]).sum(-1) + self.bias
-        lead = h.shape[:-2]
-        x = h.reshape(-1, *h.shape[-2:]).transpose(1, 2)  # (s N, d, T)
-        x = F.pad(x, (before, self.kernel - 1 - before))
-        out = F.conv1d(x, self.weight, self.bias, groups=x.shape[1])  # (s N, d, T)
-        return out.transpose(1, 2).reshape(*lead, T, -1)
+        else:
+            h = F.pad(h, (0, 0, before, self.kernel - 1 - before))
+        windows = h.unfold(-2, self.kernel, 1)  # (s, N, T, d, kernel)
+        # a product and a sum: torch's depthwise conv1d costs 10x more on a few steps
+        ones = [1] * (windows.dim() - 3)
+        out = (windows * weight.view(weight.shape[0], *ones, *weight.shape[1:])).sum(-1)
+        return out + bias.view(bias.shape[0], *ones, bias.shape[-1])
 
 
 class TransformerBlock(PyroModule):

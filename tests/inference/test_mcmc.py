@@ -435,6 +435,21 @@ def test_full_mass_must_be_a_bool(regression):
         fit_mcmc(BayesianLinearRegression(2), regression, full_mass=np.True_)
 
 
+def test_a_log_density_the_jit_cannot_run_names_jit_compile_false(regression, monkeypatch):
+    """The token models' traced density fails in PyTorch's JIT ("Unsupported value kind:
+    Tensor") once Pyro asks for its gradient; the density itself ran before, without the JIT."""
+
+    def run(self, *args, **kwargs):
+        raise RuntimeError("Unsupported value kind: Tensor")
+
+    monkeypatch.setattr(MCMC, "run", run)
+    kwargs = dict(num_chains=1, **FAST)
+    with pytest.raises(ValueError, match=r"could not run .* jit_compile=False .*--no-jit-compile"):
+        fit_mcmc(BayesianLinearRegression(2), regression, jit_compile=True, **kwargs)
+    with pytest.raises(RuntimeError, match="Unsupported value kind"):  # not the JIT's doing
+        fit_mcmc(BayesianLinearRegression(2), regression, **kwargs)
+
+
 def test_short_warmup_warns(regression):
     with pytest.warns(UserWarning, match="num_warmup=5 is short"):
         fit_mcmc(

@@ -176,6 +176,26 @@ def test_a_convolution_mixes_each_step_with_its_window_only(causal, reach):
     torch.testing.assert_close(conv(changed, mask), conv(h, mask))
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_convolution_with_weights_per_draw_equals_one_convolution_per_draw(causal):
+    """fit_mcmc's chains with per-start point estimates give the layer ``(K, 1, d, 1, kernel)``
+    weights; each draw's output must be its own weights' convolution."""
+    from probtransformer.block import ConvMixing
+
+    torch.manual_seed(0)
+    convs = [ConvMixing(4, 3, causal=causal) for _ in range(3)]
+    for conv in convs:
+        torch.nn.init.normal_(conv.bias)
+    h = torch.randn(3, 2, T, 4)
+    stacked = ConvMixing(4, 3, causal=causal)
+    del stacked.weight, stacked.bias
+    stacked.weight = torch.stack([c.weight for c in convs])[:, None]  # (3, 1, 4, 1, 3)
+    stacked.bias = torch.stack([c.bias for c in convs])[:, None]  # (3, 1, 4)
+    expected = torch.cat([c(h[k : k + 1]) for k, c in enumerate(convs)])
+    torch.testing.assert_close(stacked(h), expected)
+    torch.testing.assert_close(stacked(h[:1]), torch.cat([c(h[:1]) for c in convs]))
+
+
 def test_conv_kernel_is_recorded_and_missing_means_none():
     model = TokenTagger(None, 2, T, vocab_size=5, d_model=8, num_heads=2, conv_kernel=3)
     assert model.config["conv_kernel"] == 3 and model.encoder.layers[0].conv.kernel == 3

@@ -341,12 +341,15 @@ class Posterior:
             x: ``(N, T, F)`` features (``(N, P)`` for non-sequence models), torch or numpy.
             mask: ``(N, T)`` bool, True = real step, or None.
             num_samples: posterior draws ``S`` (1 for point estimates; None: every draw of a
-                sampled posterior).
+                sampled posterior). A sampled posterior keeps its (chain, draw) grid: each of
+                its K chains gives ``ceil(num_samples / K)`` draws, at most those it kept, so
+                ``S`` may round up to a multiple of K or stop at every kept draw (``draw``).
             seed: seeds the draws and the pass; same seed, same numbers.
             batch_size: at most this many rows per forward pass.
             memory_budget: bytes the intermediates of one forward pass may take (default 256 MiB;
                 None: no limit); rows and, if need be, draws are split into passes to fit.
-            draws: explicit draws (``draw``) instead of ``num_samples`` fresh ones.
+            draws: explicit draws (``draw``) instead of ``num_samples`` fresh ones (which is
+                then not read).
             distributed: split the rows over the ranks of the initialised ``torch.distributed``
                 process group (``torchrun``): every rank calls ``predict`` with the same
                 arguments, runs a contiguous share of the rows with the same draws, and receives

@@ -398,7 +398,13 @@ def build_parser() -> argparse.ArgumentParser:
         help=".npy or .csv inputs (tagging and language-model runs: .npy or .txt)",
     )
     predict.add_argument("--output", metavar="FILE", help="CSV to write (default: stdout)")
-    predict.add_argument("--num-samples", type=positive_int, metavar="S", help="posterior draws")
+    predict.add_argument(
+        "--num-samples",
+        type=positive_int,
+        metavar="S",
+        help="posterior draws (an MCMC run: the same number from each chain, rounded up, at "
+        "most every kept draw)",
+    )
     predict.add_argument("--seed", type=seed, help="seeds the draws")
 
     report = _run_command(

@@ -124,7 +124,22 @@ def _read_tensors(path: Path) -> dict:
         raise ValueError(f"{path} is not a saved posterior's tensors: {_first_line(e)}") from e
     if not isinstance(tensors, dict) or not isinstance(tensors.get("model_state"), dict):
         raise ValueError(f"{path} is not a saved posterior's tensors (no model_state)")
+    for name, value in _named_tensors(tensors):  # fits keep their last finite state
+        if value.is_floating_point() and value.isnan().any():
+            raise ValueError(f"{path} is damaged: {name} holds NaN")
     return tensors
+
+
+def _named_tensors(tree: object, prefix: str = ""):
+    """``(name, tensor)`` of the tensors in nested dicts and lists (``name``: the keys' path)."""
+    if isinstance(tree, torch.Tensor):
+        yield prefix, tree
+    elif isinstance(tree, dict):
+        for key, value in tree.items():
+            yield from _named_tensors(value, f"{prefix}[{key!r}]" if prefix else str(key))
+    elif isinstance(tree, list | tuple):
+        for i, value in enumerate(tree):
+            yield from _named_tensors(value, f"{prefix}[{i}]")
 
 
 def _check_shapes(meta: dict, tensors: dict, path: Path) -> None:

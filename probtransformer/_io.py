@@ -67,7 +67,7 @@ def read_versioned_json(path: Path, latest: int, what: str = "format_version") -
     try:
         meta = json.loads(path.read_text())
         version = meta["format_version"]
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, RecursionError) as e:
         raise ValueError(f"{path} is damaged: {(str(e).splitlines() or [repr(e)])[0]}") from e
     if not isinstance(version, int) or version > latest:
         raise ValueError(

@@ -337,3 +337,16 @@ def test_a_training_range_that_would_silence_the_range_warning_is_refused(tmp_pa
     meta_path.write_text(json.dumps(meta))
     with pytest.raises(ValueError, match=r"record.x_range must be finite \[low, high\]"):
         load_posterior(run / "posterior")
+
+
+def test_a_nan_written_into_the_tensors_is_named_at_load(tmp_path):
+    """It was blamed on the inputs ("are the inputs scaled as in training?") at predict time."""
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURE_RUN, run)
+    path = run / "posterior" / "tensors.pt"
+    tensors = torch.load(path, weights_only=True)
+    name = next(k for k, v in tensors["model_state"].items() if v.is_floating_point())
+    tensors["model_state"][name].view(-1)[0] = float("nan")
+    torch.save(tensors, path)
+    with pytest.raises(ValueError, match=rf"tensors.pt is damaged: model_state\['{name}'\] holds"):
+        load_posterior(run / "posterior")

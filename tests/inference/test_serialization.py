@@ -148,12 +148,16 @@ def test_unwritable_target_names_the_target(small_posterior):
 
 
 @pytest.mark.filterwarnings("ignore:Detected pickle protocol")
-@pytest.mark.parametrize("damage", ["bad_json", "truncated", "garbage", "other_model"])
+@pytest.mark.parametrize(
+    "damage", ["bad_json", "nested_json", "truncated", "garbage", "other_model"]
+)
 def test_damaged_posteriors_raise_value_error(saved, small_posterior, tmp_path, digits, damage):
     copy = tmp_path / "copy"
     shutil.copytree(saved, copy)
     if damage == "bad_json":
         (copy / "posterior.json").write_text("{not json")
+    elif damage == "nested_json":  # Python's parser raised RecursionError
+        (copy / "posterior.json").write_text("[" * 100_000 + "]" * 100_000)
     elif damage == "truncated":
         data = (copy / "tensors.pt").read_bytes()
         (copy / "tensors.pt").write_bytes(data[: len(data) // 2])

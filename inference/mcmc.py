@@ -56,6 +56,10 @@ KERNELS = ("nuts", "hmc", "chees", "mclmc")
 #: The kernels that run K chains together through the model's draw dim.
 MANY_CHAIN_KERNELS = ("chees", "mclmc")
 
+#: NUTS's doublings per transition at most, unless ``max_tree_depth`` says otherwise (Stan's
+#: and Pyro's default).
+DEFAULT_MAX_TREE_DEPTH = 10
+
 #: Warm-up lengths below this get a warning: adaptation has too few windows to settle.
 MIN_WARMUP = 50
 
@@ -87,7 +91,7 @@ def fit_mcmc(
     init: str = "prior",
     num_starts: int | None = None,
     target_accept_prob: float | None = None,
-    max_tree_depth: int = 10,
+    max_tree_depth: int = DEFAULT_MAX_TREE_DEPTH,
     step_size: float | None = None,
     trajectory_length: float | None = None,
     full_mass: bool = False,
@@ -235,7 +239,12 @@ def fit_mcmc(
         if isinstance(map_steps, bool) or not isinstance(map_steps, int) or map_steps < 0:
             raise ValueError(f"map_steps must be an integer >= 0, got {map_steps!r}")
         many = kernel in MANY_CHAIN_KERNELS
-        if trajectory_length is None and not many:
+        if kernel == "nuts" and trajectory_length is not None:
+            raise ValueError(
+                "trajectory_length applies to kernel='hmc'/'chees'; NUTS chooses each "
+                "trajectory's length itself (bounded by max_tree_depth)"
+            )
+        if trajectory_length is None and kernel == "hmc":
             trajectory_length = 2 * math.pi
         target_accept_prob_given = target_accept_prob is not None
         if target_accept_prob is None:
@@ -260,6 +269,8 @@ def fit_mcmc(
                 "target_accept_prob and trajectory_length do not apply to kernel='mclmc' (it is "
                 "unadjusted and tunes its own decoherence length L): leave them unset"
             )
+        if kernel != "nuts" and max_tree_depth != DEFAULT_MAX_TREE_DEPTH:
+            raise ValueError(f"max_tree_depth applies to kernel='nuts', not {kernel!r}")
         if many and init in ("map", "ensemble") and map_steps == 0:
             raise ValueError(f"init={init!r} needs MAP fits: give map_steps > 0, got 0")
         if many and jit_compile:

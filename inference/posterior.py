@@ -293,6 +293,8 @@ class Posterior:
         parallel = data_parallel(self.device) if distributed else None
         if draws is None:
             draws = self.draw(num_samples, seed=seed)
+        elif not isinstance(draws, Draws):
+            raise TypeError(f"draws must come from Posterior.draw, got {type(draws).__name__}")
         local = set(draws.latents) & set(self.local_shapes)
         if local and self.record.get("training_data_sha256") != rows_digest(x, y, mask):
             draws = draws.without(local)  # kept local latents belong to the training rows

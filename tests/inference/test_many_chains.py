@@ -575,6 +575,8 @@ def test_a_model_that_mixes_the_draw_dim_is_refused_naming_the_site(small, model
         (dict(kernel="mclmc", target_accept_prob=0.9), ValueError, "do not apply to kernel='mc"),
         (dict(kernel="mclmc", trajectory_length=1.0), ValueError, "do not apply to kernel='mc"),
         (dict(init="ensemble", map_steps=0), ValueError, "init='ensemble' needs MAP fits"),
+        (dict(max_tree_depth=3), ValueError, "max_tree_depth applies to kernel='nuts', not"),
+        (dict(kernel="nuts", trajectory_length=1.0), ValueError, "trajectory_length applies to"),
     ],
 )
 def test_bad_settings_are_refused(small, options, error, words, no_sampling):

@@ -48,6 +48,13 @@ def test_draws_reject_bad_num_samples(small_posterior):
             small_posterior.draws(bad)
 
 
+def test_draws_that_are_not_from_draw_are_a_type_error(small_posterior, x):
+    """A dict of latents (what ``draws`` returns) raised AttributeError on ``.latents``."""
+    for bad in (small_posterior.draws(2), 5):
+        with pytest.raises(TypeError, match="draws must come from Posterior.draw, got"):
+            small_posterior.predict(x, draws=bad)
+
+
 # -- vectorized vs sequential -------------------------------------------------------------------
 
 

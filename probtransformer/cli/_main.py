@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
+import threading
 import warnings
 from collections.abc import Sequence
 
@@ -24,7 +27,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         Exit status: 0 on success, 2 on bad arguments or files, or sizes that do not fit in
         memory (one line on stderr), 1 when the fit diverges or, under ``torchrun``, a peer
         rank is lost, 130 when interrupted (Ctrl-C): with nothing written, or after writing a
-        run of the draws MCMC had kept (``partial``).
+        run of the draws MCMC had kept (``partial``); 143 after SIGTERM (what batch schedulers
+        send), which stops a command as Ctrl-C does and keeps the same work.
         Under ``torchrun`` the line names the rank that prints it.
     """
     try:
@@ -35,8 +39,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(KeyboardInterrupt("nothing was written"), 130, "stopped")
     formatwarning = warnings.formatwarning
     warnings.formatwarning = _warning_line  # the library's warnings, as one line each
+    terminated = threading.Event()
     try:
-        status = args.handler(args)
+        with _sigterm_as_ctrl_c(terminated):
+            status = args.handler(args)
     except (CLIError, ValueError, TypeError, OSError) as e:
         return _fail(e, 2)
     except FloatingPointError as e:  # NonFiniteELBOError: the fit diverged
@@ -60,10 +66,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt as e:
         message = str(e).replace("(resume_from=...)", "(continue with --resume-from it)")
         message = message.replace("checkpoint_every=N", "--checkpoint-every N")
-        return _fail(KeyboardInterrupt(message or "nothing was written"), 130, "stopped")
+        message = message or "nothing was written"
+        if terminated.is_set():
+            return _fail(KeyboardInterrupt(f"by SIGTERM; {message}"), 143, "stopped")
+        return _fail(KeyboardInterrupt(message), 130, "stopped")
     finally:
         warnings.formatwarning = formatwarning
     return status or 0
+
+
+@contextlib.contextmanager
+def _sigterm_as_ctrl_c(terminated: threading.Event):
+    """SIGTERM raises KeyboardInterrupt (setting ``terminated``), so the work Ctrl-C keeps
+    (MCMC's draws, a checkpoint, decoded tokens) is kept; the previous handler comes back after.
+    Only the main thread can set handlers; ``serve``'s uvicorn sets its own while it runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        terminated.set()
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _warning_line(message, category, filename, lineno, line=None) -> str:

@@ -8,6 +8,7 @@ import contextlib
 import inspect
 import io
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -1182,3 +1183,23 @@ def test_files_next_to_the_run_directory_are_named_after_it_for_out_dot(tmp_path
     monkeypatch.chdir(tmp_path / "e")
     assert fit_command._kept_path(Path(".")) == tmp_path / "e.posterior"
     assert fit_command._sibling(Path("."), ".checkpoint") == tmp_path / "e.checkpoint"
+
+
+def test_sigterm_stops_a_command_as_ctrl_c_does(monkeypatch, capsys):
+    """Batch schedulers send SIGTERM: it stops the command through the Ctrl-C path, so what
+    Ctrl-C keeps (MCMC's draws, a checkpoint) is kept; the exit status says SIGTERM."""
+    import signal
+    import time
+
+    from probtransformer.cli import diagnose as diagnose_command
+
+    def run(args):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10)  # the handler raises before this ends
+        return 0
+
+    monkeypatch.setattr(diagnose_command, "run", run)
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(["diagnose", "some-run"]) == 143
+    assert capsys.readouterr().err == "probtransformer: stopped: by SIGTERM; nothing was written\n"
+    assert signal.getsignal(signal.SIGTERM) is before

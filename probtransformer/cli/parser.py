@@ -301,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     mcmc.add_argument(
         "--trajectory-length",
-        type=float,
+        type=float_in(0, math.inf, above=True),
         metavar="L",
         help="hmc: integration time per transition (leapfrog steps: L / step size); chees: "
         "the initial one, then adapted",

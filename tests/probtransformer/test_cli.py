@@ -761,6 +761,7 @@ def test_mcmc_interrupted_before_a_draw_writes_nothing(
         (["--kernel", "gibbs"], "invalid choice: 'gibbs'"),
         (["--target-accept-prob", "1.5"], "--target-accept-prob: expected a number in (0, 1)"),
         (["--num-warmup", "1_0"], "--num-warmup: expected an integer >= 0, got '1_0'"),
+        (["--trajectory-length", "0"], "--trajectory-length: expected a number > 0, finite"),
     ],
 )
 def test_mcmc_bad_arguments(args, message, tmp_path, monkeypatch, capsys, one_error_line):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 PROG = "probtransformer"
@@ -20,6 +21,21 @@ def given(**kwargs: Any) -> dict[str, Any]:
 def warn(message: str) -> None:
     """Print ``probtransformer: warning: <message>`` (on one line) to stderr."""
     print(f"{PROG}: warning: {' '.join(message.split())}", file=sys.stderr)
+
+
+def check_output(output: str | None) -> None:
+    """Refuse an ``--output`` that cannot be written, before the work that fills it.
+
+    Raises:
+        CLIError: ``output`` is a directory, or its directory does not exist.
+    """
+    if output is None:
+        return
+    path = Path(output)
+    if path.is_dir():
+        raise CLIError(f"cannot write --output {output}: it is a directory")
+    if not path.parent.is_dir():
+        raise CLIError(f"cannot write --output {output}: {path.parent} is not a directory")
 
 
 def write_csv(frame, output: str | None) -> None:

@@ -43,6 +43,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with _sigterm_as_ctrl_c(terminated):
             status = args.handler(args)
+    except BrokenPipeError:  # stdout's reader left (`| head`): no error, nothing more to say
+        with contextlib.suppress(OSError, ValueError):  # Python's advice: no flush at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (CLIError, ValueError, TypeError, OSError) as e:
         return _fail(e, 2)
     except FloatingPointError as e:  # NonFiniteELBOError: the fit diverged

@@ -7,7 +7,7 @@ import argparse
 import sys
 import warnings
 
-from probtransformer.cli._common import PROG, CLIError, given, warn, write_csv
+from probtransformer.cli._common import PROG, CLIError, check_output, given, warn, write_csv
 from probtransformer.cli.rundir import read_run
 
 
@@ -22,6 +22,7 @@ def run(args: argparse.Namespace) -> int:
         CLIError: the run is not a language model's, or ``--output`` cannot be written.
         ValueError: not a run directory, or options ``generate`` refuses.
     """
+    check_output(args.output)
     fitted = read_run(args.run_dir)
     from probtransformer.models import CausalLM
     from probtransformer.models.generate import generate_stream, generation_from_steps

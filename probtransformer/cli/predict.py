@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from probtransformer.cli._common import CLIError, given, warn, write_csv
+from probtransformer.cli._common import CLIError, check_output, given, warn, write_csv
 from probtransformer.cli.rundir import read_run
 
 #: Input files some task reads (each task refuses the suffixes it does not read).
@@ -27,6 +27,7 @@ def run(args: argparse.Namespace) -> None:
         raise CLIError(f"--input must be a .npy, .csv or .txt file, got {args.input!r}")
     if not path.is_file():
         raise CLIError(f"--input {args.input} does not exist or is not a file")
+    check_output(args.output)
     fitted = read_run(args.run_dir)
     task = task_of(fitted.posterior.model)
     draws = given(num_samples=args.num_samples, seed=args.seed)

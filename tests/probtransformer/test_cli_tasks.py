@@ -219,6 +219,16 @@ def test_generate_prints_text_and_per_token_table(lm_run, tmp_path, capsys):
     np.testing.assert_allclose(frame["entropy"], frame["aleatoric"] + frame["epistemic"], atol=1e-5)
 
 
+def test_generate_refuses_an_unwritable_output_before_decoding(
+    lm_run, tmp_path, monkeypatch, capsys, one_error_line
+):
+    generation = importlib.import_module("probtransformer.models.generate")
+    monkeypatch.setattr(generation, "_decode", None)  # decoding would fail: it must not start
+    args = ["generate", str(lm_run[0]), "--prompt", "The", "--output", str(tmp_path / "no/a.csv")]
+    assert main(args) == 2
+    assert f"cannot write --output {tmp_path / 'no/a.csv'}" in one_error_line(capsys)
+
+
 def test_ctrl_c_during_generate_keeps_the_tokens_so_far(lm_run, tmp_path, monkeypatch, capsys):
     generation = importlib.import_module("probtransformer.models.generate")  # not the function
     args = ["--prompt", "The", "--max-new-tokens", "7", "--num-samples", "3", "--output"]

@@ -263,13 +263,14 @@ def _is_ensemble(posterior) -> bool:
 def _superchains(posterior, chains: int) -> np.ndarray | None:
     """``(chain,)`` superchain ids of a sampled posterior with 2+ superchains, else None.
 
-    Without ``record["superchain"]`` each chain is its own superchain, from ``MANY_CHAINS``
-    chains on (fewer keep the plain R-hat verdict). Ensembles and MC dropout have none.
+    Without ``record["superchain"]``, or with one start for every chain (``init="map"``, or
+    ``num_starts=1``), each chain is its own superchain, from ``MANY_CHAINS`` chains on (fewer
+    keep the plain R-hat verdict). Ensembles and MC dropout have none.
     """
     if posterior.samples is None or _is_ensemble(posterior):
         return None
     ids = superchain_ids(posterior.record, chains)
-    if ids is None and chains >= MANY_CHAINS:
+    if (ids is None or len(np.unique(ids)) < 2) and chains >= MANY_CHAINS:
         ids = np.arange(chains)
     return ids if ids is not None and len(np.unique(ids)) >= 2 else None
 

@@ -258,6 +258,15 @@ def test_many_nuts_chains_are_their_own_superchains(data):
     assert any("8 superchains of 1 chain(s)" in line for line in table.attrs["verdict"])
 
 
+def test_many_chains_from_one_start_are_their_own_superchains(data):
+    """``init="map"`` (or ``num_starts=1``): one superchain, in which nested R-hat says
+    nothing; the verdict reads each chain as its own superchain, as for NUTS's chains."""
+    table = _posterior(data, chains=MANY_CHAINS, starts=1).diagnose(data, verbose=False)
+    assert "nested_r_hat_max" in table.columns
+    assert set(table.attrs["predictive"]) == {"lp", "probe_log_lik"}
+    assert any("8 superchains of 1 chain(s)" in line for line in table.attrs["verdict"])
+
+
 def test_fewer_than_many_chains_keep_the_plain_verdict(data):
     post = _posterior(data, chains=4, starts=None)
     table = post.diagnose(data, verbose=False)

@@ -271,7 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_int,
         metavar="M",
         help="chees and mclmc only: starting points, --num-chains / M chains each (a "
-        "superchain, for nested R-hat); M must divide --num-chains",
+        "superchain, for nested R-hat); M must divide --num-chains; unset with --num-chains "
+        "or --init given: one per chain (one for --init map)",
     )
     mcmc.add_argument(
         "--init",

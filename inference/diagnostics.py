@@ -216,15 +216,16 @@ def diagnose(
     elif data is not None:
         loo = _loo(idata)
         table.attrs["loo"] = loo
+        finite = all(np.isfinite(loo[key]) for key in ("elpd_loo", "se", "p_loo"))
         verdict.append(
             _flag(
-                loo["k_over_0.7"] > 0,
+                loo["k_over_0.7"] > 0 or not finite,
                 f"LOO: elpd_loo {loo['elpd_loo']:.1f} ± {loo['se']:.1f}, p_loo "
                 f"{loo['p_loo']:.1f}; Pareto k > {PARETO_K_MAX}: {loo['k_over_0.7']} of "
                 f"{loo['n']} (k > 1: {loo['k_over_1']})"
                 + (
                     "; LOO is unreliable here, compare models on held-out NLL"
-                    if loo["k_over_0.7"]
+                    if loo["k_over_0.7"] or not finite
                     else ""
                 ),
             )
@@ -481,6 +482,6 @@ def _loo(idata) -> dict:
         "se": float(loo.se),
         "p_loo": float(loo.p_loo),
         "n": int(k.size),
-        "k_over_0.7": int((k > PARETO_K_MAX).sum()),
-        "k_over_1": int((k > 1).sum()),
+        "k_over_0.7": int((~(k <= PARETO_K_MAX)).sum()),  # NaN k counts: nothing is known
+        "k_over_1": int((~(k <= 1)).sum()),
     }

@@ -340,7 +340,8 @@ class ChEES:
         T = math.exp(self.log_T if adapt else self.log_T_avg)
         eps = self.step_size
         jitter = halton(self.t)
-        steps = int(min(max(1, math.ceil(jitter * T / eps)), self.max_leapfrog_steps))
+        # capped before ceil: a huge trajectory length over a small step overflows int
+        steps = max(1, math.ceil(min(jitter * T / eps, self.max_leapfrog_steps)))
         accept, log_accept, energy0, proposal, velocity = self._trajectory(
             state, self._momentum(state), eps, steps
         )

@@ -86,7 +86,7 @@ class ConvMixing(PyroModule):
             lead = h.shape[:-2]
             x = h.reshape(-1, *h.shape[-2:]).transpose(1, 2)  # (s N, d, T)
             x = F.pad(x, (before, self.kernel - 1 - before))
-            out = F.conv1d(x, self.weight, self.bias, groups=x.shape[1])  # (s N, d, T)
+            out = F.conv1d(x, weight[0, :, None], bias[0], groups=x.shape[1])  # (s N, d, T)
             return out.transpose(1, 2).reshape(*lead, T, -1)
         if cache is not None:  # decoding: the windows of the new steps, a few each
             h = cache.preceding(self, h, before)  # (s, N, before + T, d), zeros at the start

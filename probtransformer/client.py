@@ -270,8 +270,13 @@ def _raise_for(response) -> None:
         return
     try:
         detail = response.json().get("detail", response.text)
-    except ValueError:
-        detail = response.text
+    except (ValueError, AttributeError):  # an HTML error page: someone else's server
+        kind = response.headers.get("content-type", "no content type")
+        detail = (
+            f"{response.reason_phrase}, as a page of {kind} that probtransformer serve never "
+            f"sends: is {response.request.url.copy_with(path='/', query=None)} a "
+            "probtransformer server?"
+        )
     if isinstance(detail, list):  # FastAPI's 422 list: field, message, what arrived
         detail = "; ".join(
             f"{'.'.join(map(str, item.get('loc', [])))}: {item.get('msg')}"

@@ -27,10 +27,12 @@ def check_output(output: str | None) -> None:
     """Refuse an ``--output`` that cannot be written, before the work that fills it.
 
     Raises:
-        CLIError: ``output`` is a directory, or its directory does not exist.
+        CLIError: ``output`` is empty or a directory, or its directory does not exist.
     """
     if output is None:
         return
+    if not output.strip():
+        raise CLIError("--output must name a file, got an empty string")
     path = Path(output)
     if path.is_dir():
         raise CLIError(f"cannot write --output {output}: it is a directory")

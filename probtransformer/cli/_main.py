@@ -76,6 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(KeyboardInterrupt(message), 130, "stopped")
     finally:
         warnings.formatwarning = formatwarning
+    if terminated.is_set() and status == 130:  # a command that kept its work and said so
+        return 143
     return status or 0
 
 

@@ -65,6 +65,11 @@ def run(args: argparse.Namespace) -> int:
         warn(f"--out {target} holds an earlier run; this fit replaces it once it is written")
     asked_batch_size = args.batch_size  # before the preset fills it in
     if args.inference == "mcmc":
+        from probtransformer.tasks._tokens import TokenTask
+
+        if isinstance(task, TokenTask) and args.kernel in ("nuts", "hmc") and not args.jit_compile:
+            # PyTorch's JIT cannot run the token models' traced density under Pyro's kernels
+            args = argparse.Namespace(**{**vars(args), "jit_compile": False})
         args = with_mcmc_preset(args)
     else:
         args = with_svi_preset(args, task.fit_preset)

@@ -118,6 +118,11 @@ def _parts(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
+#: --trajectory-length at most: HMC's leapfrog steps are the length over the step size, 10^5
+#: steps at a step size of 0.01 (Pyro's default length is 2π).
+MAX_TRAJECTORY_LENGTH = 1000
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``probtransformer`` with its sub-commands.
 
@@ -302,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     mcmc.add_argument(
         "--trajectory-length",
-        type=float_in(0, math.inf, above=True),
+        type=float_in(0, MAX_TRAJECTORY_LENGTH, above=True),
         metavar="L",
         help="hmc: integration time per transition (leapfrog steps: L / step size); chees: "
         "the initial one, then adapted",

@@ -200,7 +200,10 @@ def _serve(args: argparse.Namespace, listening: socket.socket, api_key: str | No
             "at once, by a second Ctrl-C; the requests in flight were answered 503 with Retry-After"
         )
     if interrupted:
-        raise KeyboardInterrupt("the requests in flight were answered")
+        raise KeyboardInterrupt(
+            f"the requests in flight were answered (any still running after the {DRAIN_SECONDS} "
+            "s drain, with 503 and Retry-After)"
+        )
 
 
 class _ForcedExitTraceback(logging.Filter):

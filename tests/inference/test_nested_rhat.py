@@ -293,3 +293,14 @@ def test_rhat_of_one_chain_is_nan_and_ess_is_pooled():
     rng = np.random.default_rng(3)
     assert np.isnan(rhat(rng.normal(size=(1, 50))))
     assert float(ess(rng.normal(size=(4, 250)), "bulk")) == pytest.approx(1000, rel=0.2)
+
+
+def test_a_loo_that_is_not_finite_is_flagged(data, monkeypatch):
+    """A badly tuned run gave elpd_loo NaN with NaN Pareto k's, which the verdict called ok."""
+    nan_loo = type("Loo", (), dict(elpd_loo=np.nan, se=np.nan, p_loo=np.nan))()
+    nan_loo.pareto_k = np.full(len(data), np.nan)
+    monkeypatch.setattr(diagnostics.az, "loo", lambda idata, pointwise: nan_loo)
+    table = _posterior(data, chains=4, starts=None).diagnose(data, verbose=False)
+    (line,) = [line for line in table.attrs["verdict"] if "LOO" in line]
+    assert line.startswith("WARN  LOO: elpd_loo nan") and "unreliable" in line
+    assert f"Pareto k > 0.7: {len(data)} of {len(data)}" in line

@@ -761,7 +761,8 @@ def test_mcmc_interrupted_before_a_draw_writes_nothing(
         (["--kernel", "gibbs"], "invalid choice: 'gibbs'"),
         (["--target-accept-prob", "1.5"], "--target-accept-prob: expected a number in (0, 1)"),
         (["--num-warmup", "1_0"], "--num-warmup: expected an integer >= 0, got '1_0'"),
-        (["--trajectory-length", "0"], "--trajectory-length: expected a number > 0, finite"),
+        (["--trajectory-length", "0"], "--trajectory-length: expected a number in (0, 1000]"),
+        (["--trajectory-length", "1e308"], "--trajectory-length: expected a number in (0, 1000]"),
     ],
 )
 def test_mcmc_bad_arguments(args, message, tmp_path, monkeypatch, capsys, one_error_line):
@@ -1019,15 +1020,18 @@ def test_predict_bad_input(name, content, message, run, tmp_path, capsys, one_er
     assert _listing(tmp_path) == before
 
 
-@pytest.mark.parametrize("output", ["no/p.csv", "folder"])
+@pytest.mark.parametrize(
+    "output, words",
+    [("no/p.csv", "cannot write --output"), ("folder", "it is a directory"), ("", "empty string")],
+)
 def test_predict_unwritable_output_names_the_option(
-    output, run, splits, tmp_path, capsys, one_error_line
+    output, words, run, splits, tmp_path, capsys, one_error_line
 ):
     (tmp_path / "folder").mkdir()
     np.save(tmp_path / "x.npy", splits.test.x[:2].numpy())
     args = ["predict", str(run[0]), "--input", str(tmp_path / "x.npy")]
-    assert main([*args, "--output", str(tmp_path / output)]) == 2
-    assert "cannot write --output" in one_error_line(capsys)
+    assert main([*args, "--output", str(tmp_path / output) if output else ""]) == 2
+    assert words in one_error_line(capsys)
 
 
 def test_predict_csv_with_pandas_default_header(run, splits, tmp_path):
@@ -1204,3 +1208,12 @@ def test_sigterm_stops_a_command_as_ctrl_c_does(monkeypatch, capsys):
     assert main(["diagnose", "some-run"]) == 143
     assert capsys.readouterr().err == "probtransformer: stopped: by SIGTERM; nothing was written\n"
     assert signal.getsignal(signal.SIGTERM) is before
+
+    def run_keeping_work(args):  # as fit after partial sampling, or generate: it says so itself
+        try:
+            run(args)
+        except KeyboardInterrupt:
+            return 130
+
+    monkeypatch.setattr(diagnose_command, "run", run_keeping_work)
+    assert main(["diagnose", "some-run"]) == 143

@@ -194,6 +194,9 @@ def test_a_convolution_with_weights_per_draw_equals_one_convolution_per_draw(cau
     expected = torch.cat([c(h[k : k + 1]) for k, c in enumerate(convs)])
     torch.testing.assert_close(stacked(h), expected)
     torch.testing.assert_close(stacked(h[:1]), torch.cat([c(h[:1]) for c in convs]))
+    del stacked.weight, stacked.bias  # one chain (one MAP start): (1, 1, d, 1, kernel)
+    stacked.weight, stacked.bias = convs[0].weight[None, None], convs[0].bias[None, None]
+    torch.testing.assert_close(stacked(h), convs[0](h))
 
 
 def test_conv_kernel_is_recorded_and_missing_means_none():

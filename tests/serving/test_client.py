@@ -88,3 +88,18 @@ def test_generate_warns_about_prompt_characters_outside_the_vocabulary():
     with pytest.warns(UserWarning, match="2 prompt character"):
         steps = list(client.generate("??"))
     assert [step.token for step in steps] == ["a"]
+
+
+def test_an_error_page_that_is_not_json_says_the_url_may_not_be_a_server():
+    page = "<!DOCTYPE HTML><html>" + "x" * 500 + "</html>"
+
+    def answer(request):
+        return httpx.Response(404, text=page, headers={"content-type": "text/html"})
+
+    with pytest.raises(
+        ValueError,
+        match=r"HTTP 404: Not Found, as a page of text/html .*is "
+        r"http://testserver/ a probtransformer server\?",
+    ) as error:
+        _client(answer).health()
+    assert "DOCTYPE" not in str(error.value)

@@ -23,13 +23,7 @@ from probtransformer.inference._runtime import (
     resolve_device,
     seeded,
 )
-from probtransformer.inference.distributed import (
-    DataParallel,
-    check_same_fit,
-    data_parallel,
-    joined,
-    together,
-)
+from probtransformer.inference.distributed import check_same_fit, joined, together
 from probtransformer.inference.guides import has_local_latents
 from probtransformer.inference.inputs import (
     check_model,
@@ -37,11 +31,14 @@ from probtransformer.inference.inputs import (
     example_of,
     rows_digest,
 )
-from probtransformer.inference.many_chains import (
-    INITS,
-    MAX_DRAW_BYTES,
-    draw_bytes,
-    run_many_chains,
+from probtransformer.inference.many_chains import MAX_DRAW_BYTES, draw_bytes, run_many_chains
+from probtransformer.inference.mcmc_settings import (
+    DEFAULT_MAX_TREE_DEPTH,
+    KERNELS,
+    MANY_CHAIN_KERNELS,
+    check_kernel_settings,
+    check_starts,
+    sharding,
 )
 from probtransformer.inference.model_checks import check_sampled_sites, latent_sites
 from probtransformer.inference.posterior import Posterior
@@ -49,16 +46,6 @@ from probtransformer.inference.pyro_kernels import check_initial_density, run_py
 from probtransformer.inference.samplers import CHEES_TARGET_ACCEPT
 from probtransformer.inference.svi import fit_svi
 from probtransformer.validation import check_int
-
-#: Kernels accepted by ``fit_mcmc(kernel=...)``.
-KERNELS = ("nuts", "hmc", "chees", "mclmc")
-
-#: The kernels that run K chains together through the model's draw dim.
-MANY_CHAIN_KERNELS = ("chees", "mclmc")
-
-#: NUTS's doublings per transition at most, unless ``max_tree_depth`` says otherwise (Stan's
-#: and Pyro's default).
-DEFAULT_MAX_TREE_DEPTH = 10
 
 #: Warm-up lengths below this get a warning: adaptation has too few windows to settle.
 MIN_WARMUP = 50
@@ -239,14 +226,16 @@ def fit_mcmc(
         if isinstance(map_steps, bool) or not isinstance(map_steps, int) or map_steps < 0:
             raise ValueError(f"map_steps must be an integer >= 0, got {map_steps!r}")
         many = kernel in MANY_CHAIN_KERNELS
-        if kernel == "nuts" and trajectory_length is not None:
-            raise ValueError(
-                "trajectory_length applies to kernel='hmc'/'chees'; NUTS chooses each "
-                "trajectory's length itself (bounded by max_tree_depth)"
-            )
+        check_kernel_settings(
+            kernel,
+            target_accept_prob=target_accept_prob is not None,
+            max_tree_depth=max_tree_depth != DEFAULT_MAX_TREE_DEPTH,
+            trajectory_length=trajectory_length is not None,
+            jit_compile=jit_compile,
+            full_mass=full_mass,
+        )
         if trajectory_length is None and kernel == "hmc":
             trajectory_length = 2 * math.pi
-        target_accept_prob_given = target_accept_prob is not None
         if target_accept_prob is None:
             target_accept_prob = CHEES_TARGET_ACCEPT if kernel == "chees" else 0.8
         if step_size is None:
@@ -263,26 +252,9 @@ def fit_mcmc(
             )
         if num_starts is None:
             num_starts = 1 if (init == "map" or not many) else num_chains
-        _check_starts(kernel, init, num_starts, num_chains)
-        if kernel == "mclmc" and (target_accept_prob_given or trajectory_length is not None):
-            raise ValueError(
-                "target_accept_prob and trajectory_length do not apply to kernel='mclmc' (it is "
-                "unadjusted and tunes its own decoherence length L): leave them unset"
-            )
-        if kernel != "nuts" and max_tree_depth != DEFAULT_MAX_TREE_DEPTH:
-            raise ValueError(f"max_tree_depth applies to kernel='nuts', not {kernel!r}")
+        check_starts(kernel, init, num_starts, num_chains)
         if many and init in ("map", "ensemble") and map_steps == 0:
             raise ValueError(f"init={init!r} needs MAP fits: give map_steps > 0, got 0")
-        if many and jit_compile:
-            raise ValueError(
-                f"jit_compile applies to kernel='nuts'/'hmc'; kernel={kernel!r} runs the "
-                "vectorized density uncompiled"
-            )
-        if kernel == "mclmc" and full_mass:
-            raise ValueError(
-                "full_mass applies to kernel='nuts'/'hmc'/'chees'; kernel='mclmc' preconditions "
-                "with a diagonal metric"
-            )
         if not isinstance(full_mass, bool):
             raise TypeError(f"full_mass must be a Python bool, got {full_mass!r}")  # np.True_ too
         if 0 < num_warmup < MIN_WARMUP and kernel != "mclmc":
@@ -295,7 +267,7 @@ def fit_mcmc(
         if not (isinstance(step_size, (int, float)) and math.isfinite(step_size) and step_size > 0):
             raise ValueError(f"step_size must be a finite number > 0, got {step_size!r}")
         device = resolve_device(device)
-        parallel = _sharding(distributed, kernel, num_chains, device)
+        parallel = sharding(distributed, kernel, num_chains, device)
         if parallel is not None and not parallel.is_main:
             progress = False
         if data.x.device.type != "cpu" and data.x.device != device:
@@ -418,51 +390,6 @@ def fit_mcmc(
     return Posterior(
         model, samples=samples, members=members, record=record, example=example_of(train)
     )
-
-
-def _sharding(distributed: object, kernel: str, num_chains: int, device) -> DataParallel | None:
-    """The process group the chains are sharded over (``distributed=True``), checked."""
-    if not isinstance(distributed, bool):
-        raise TypeError(f"distributed must be True or False, got {distributed!r}")
-    if not distributed:
-        return None
-    if kernel not in MANY_CHAIN_KERNELS:
-        raise ValueError(
-            f"distributed=True shards the chains of the many-chain kernels {MANY_CHAIN_KERNELS}; "
-            f"kernel={kernel!r} runs Pyro's chains, as processes of one machine"
-        )
-    parallel = data_parallel(device)
-    if num_chains < parallel.world_size:
-        raise ValueError(
-            f"num_chains must be at least the world size {parallel.world_size} (every rank "
-            f"evaluates a share of the chains), got {num_chains}"
-        )
-    return parallel
-
-
-def _check_starts(kernel: str, init: object, num_starts: object, num_chains: int) -> None:
-    """``init`` and ``num_starts`` fit the kernel and ``num_chains``."""
-    check_int("num_starts", num_starts, type_error=True)
-    if init not in INITS:
-        raise ValueError(f"init must be one of {INITS}, got {init!r}")
-    if kernel not in MANY_CHAIN_KERNELS:
-        if init != "prior" or num_starts != 1:
-            raise ValueError(
-                f"init and num_starts apply to the many-chain kernels {MANY_CHAIN_KERNELS}; "
-                f"kernel={kernel!r} starts each chain from a uniform draw in (-2, 2) of the "
-                f"unconstrained space (got init={init!r}, num_starts={num_starts})"
-            )
-        return
-    if num_chains % num_starts:
-        raise ValueError(
-            f"num_chains must be a multiple of num_starts (each start runs the same number of "
-            f"chains), got num_chains={num_chains} and num_starts={num_starts}"
-        )
-    if init == "map" and num_starts != 1:
-        raise ValueError(
-            f"init='map' starts every chain from one MAP fit, so num_starts must be 1, got "
-            f"{num_starts}; use init='ensemble' for {num_starts} MAP fits"
-        )
 
 
 def _local_sites(model, example) -> set[str]:

@@ -25,7 +25,8 @@ ENSEMBLE_OPTIONS = ("n_members",)  # fit_ensemble settings: ensemble only
 DISTRIBUTED_INFERENCE = ("svi", "map", "mc-dropout")
 #: The MAP-based fits of ``probtransformer.inference.baselines``, by --inference.
 MAP_FITS = {"map": "fit_map", "mc-dropout": "fit_mc_dropout", "ensemble": "fit_ensemble"}
-#: ``fit_mcmc``'s kernels (``inference.mcmc.KERNELS``; named here so ``--help`` imports no torch).
+#: ``fit_mcmc``'s kernels (``inference.mcmc_settings.KERNELS``; named here so ``--help``
+#: imports no torch).
 KERNELS = ("nuts", "hmc", "chees", "mclmc")
 #: The kernels that run K chains together through the model's draw dim.
 MANY_CHAIN_KERNELS = ("chees", "mclmc")
@@ -44,7 +45,8 @@ MCMC_OPTIONS = (  # fit_mcmc settings: mcmc only
     "jit_compile",
     "map_steps",
 )
-#: The MCMC options that apply to some kernels only: the kernels they apply to.
+#: The MCMC options that apply to some kernels only: the kernels they apply to (as
+#: ``inference.mcmc_settings.KERNEL_SETTINGS``; named here so ``--help`` imports no torch).
 KERNEL_OPTIONS = {
     "num_starts": MANY_CHAIN_KERNELS,
     "init": MANY_CHAIN_KERNELS,

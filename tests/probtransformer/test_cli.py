@@ -356,6 +356,10 @@ def test_cli_kernel_and_schedule_names_are_the_library_ones():
     assert options.KERNELS == mcmc_module.KERNELS
     assert options.MANY_CHAIN_KERNELS == mcmc_module.MANY_CHAIN_KERNELS
     assert options.INITS == many_chains.INITS
+    from probtransformer.inference.mcmc_settings import KERNEL_SETTINGS
+
+    for name in set(options.KERNEL_OPTIONS) & set(KERNEL_SETTINGS):  # the same kernels read them
+        assert options.KERNEL_OPTIONS[name] == KERNEL_SETTINGS[name], name
 
 
 def test_mcmc_fit_metrics(mcmc_run, splits):

@@ -67,10 +67,7 @@ def run(args: argparse.Namespace) -> int:
     if args.inference == "mcmc":
         from probtransformer.tasks._tokens import TokenTask
 
-        if isinstance(task, TokenTask) and args.kernel in ("nuts", "hmc") and not args.jit_compile:
-            # PyTorch's JIT cannot run the token models' traced density under Pyro's kernels
-            args = argparse.Namespace(**{**vars(args), "jit_compile": False})
-        args = with_mcmc_preset(args)
+        args = with_mcmc_preset(args, jit=not isinstance(task, TokenTask))
     else:
         args = with_svi_preset(args, task.fit_preset)
     parallel = _joined_process_group(args)

@@ -183,14 +183,18 @@ def check_applicable(args: argparse.Namespace, task, tasks: dict) -> None:
             raise CLIError(f"{_flag(dest)} applies to --kernel {names}, not {kernel}")
 
 
-def with_mcmc_preset(args: argparse.Namespace) -> argparse.Namespace:
+def with_mcmc_preset(args: argparse.Namespace, *, jit: bool = True) -> argparse.Namespace:
     """``args`` with the options left unset taken from ``mcmc_preset`` of ``--kernel`` (unset:
-    the preset's kernel), except ``--num-starts`` when ``--num-chains`` or ``--init`` is given."""
+    the preset's kernel), except ``--num-starts`` when ``--num-chains`` or ``--init`` is given.
+    ``jit=False`` (token models: PyTorch's JIT cannot run their traced density under Pyro's
+    kernels) leaves NUTS and HMC uncompiled unless ``--jit-compile`` is given."""
     # the preset's starts fit its own chains and init; with either changed, the library's
     # default (one start per chain, one for "map") fits the user's
     preset = mcmc_preset(args.kernel or mcmc_preset()["kernel"])
     if args.num_chains is not None or args.init is not None:
         preset.pop("num_starts", None)
+    if not jit and "jit_compile" in preset:
+        preset["jit_compile"] = False
     args = with_preset(args, preset)
     check_starts(args)
     return args

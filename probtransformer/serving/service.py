@@ -381,25 +381,21 @@ def _array(value: list, loc: tuple, expected: str, kinds: str, hint: str = "") -
     except (ValueError, OverflowError):  # ragged (NumPy >= 1.24 refuses them)
         array = np.asarray(value, dtype=object)
     if array.dtype == object:
-        leaves = list(_leaves(value))
-        others = {JSON_TYPES.get(type(v), type(v).__name__) for v in leaves}
-        others -= {"int", "float", "true or false" if "b" in kinds else "int"}
+        ragged = f"expected {expected} as a rectangular array, got ragged rows{hint}"
+        accepted = {"int", "float"} | ({"true or false"} if "b" in kinds else set())
+        others = {JSON_TYPES.get(type(v), type(v).__name__) for v in _leaves(value)} - accepted
         if others:
             raise InvalidInput(loc, f"expected {expected}, got {' and '.join(sorted(others))}")
-        if "f" in kinds:  # numbers only: integers beyond int64, or ragged rows
-            try:
-                array = np.asarray(value, dtype=np.float64)
-            except OverflowError:
-                raise InvalidInput(
-                    loc, f"expected {expected}, got an integer beyond float64's range"
-                ) from None
-            except ValueError:
-                pass
-    if array.dtype == object:
-        raise InvalidInput(
-            loc,
-            f"expected {expected} as a rectangular array, got ragged rows{hint}",
-        )
+        if "f" not in kinds:  # token ids or a mask: its values fit, its rows do not
+            raise InvalidInput(loc, ragged)
+        try:  # numbers only: integers beyond int64, or ragged rows
+            array = np.asarray(value, dtype=np.float64)
+        except OverflowError:
+            raise InvalidInput(
+                loc, f"expected {expected}, got an integer beyond float64's range"
+            ) from None
+        except ValueError:
+            raise InvalidInput(loc, ragged) from None
     if array.size == 0:
         raise InvalidInput(loc, f"expected {expected}, got an empty array of shape {array.shape}")
     if array.dtype.kind in "iuf" and any(isinstance(v, bool) for v in _leaves(value)):

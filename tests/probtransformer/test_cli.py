@@ -349,6 +349,17 @@ def test_the_preset_num_starts_yields_to_the_users_chains_or_init(given, starts)
     assert with_mcmc_preset(args).num_starts == starts
 
 
+@pytest.mark.parametrize("given, jit", [([], False), (["--jit-compile"], True)])
+def test_token_models_run_nuts_uncompiled_unless_told(given, jit):
+    """PyTorch's JIT cannot run the token models' traced density under Pyro's NUTS."""
+    from probtransformer.cli import build_parser
+    from probtransformer.cli.options import with_mcmc_preset
+
+    args = build_parser().parse_args(["fit", "--inference", "mcmc", "--kernel", "nuts", *given])
+    assert with_mcmc_preset(args, jit=False).jit_compile is jit
+    assert with_mcmc_preset(args).jit_compile is True  # the classifier's preset
+
+
 def test_cli_kernel_and_schedule_names_are_the_library_ones():
     from probtransformer.inference import schedule
 

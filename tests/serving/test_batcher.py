@@ -52,19 +52,27 @@ def test_a_request_whose_client_left_is_not_computed():
     assert calls == [[1]]
 
 
-def test_a_running_call_learns_that_every_client_left_and_a_shared_one_does_not():
-    """``abandoned()`` turns true only when the last client of the running batch leaves; the
-    call then stops between its parts and the worker is free for the next request."""
+def _parts_of_10_ms(count: int):
+    """``(run_batch, parts, started)``: a call of ``count`` 10-ms parts that checks
+    ``abandoned()`` before each, appending each finished part to ``parts``."""
     parts, started = [], threading.Event()
 
     def run_batch(payloads, abandoned):
         started.set()
-        for part in range(200):  # 200 parts of 10 ms
+        for part in range(count):
             if abandoned():
                 raise Abandoned("every client left")
             parts.append(part)
             time.sleep(0.01)
         return payloads
+
+    return run_batch, parts, started
+
+
+def test_a_running_call_learns_that_every_client_left_and_a_shared_one_does_not():
+    """``abandoned()`` turns true only when the last client of the running batch leaves; the
+    call then stops between its parts and the worker is free for the next request."""
+    run_batch, parts, started = _parts_of_10_ms(200)
 
     async def scenario():
         batcher = MicroBatcher(run_batch, max_rows=8, max_wait=0.05)
@@ -95,16 +103,7 @@ def test_stopping_ends_a_running_call_whose_clients_were_cancelled_by_the_shutdo
     """uvicorn cancels the requests that outlive its drain, then the lifespan calls ``stop``
     before the cancelled waits run again: the call must stop at its next check, not hold the
     process until its last part."""
-    parts, started = [], threading.Event()
-
-    def run_batch(payloads, abandoned):
-        started.set()
-        for part in range(1000):  # 1000 parts of 10 ms
-            if abandoned():
-                raise Abandoned("every client left")
-            parts.append(part)
-            time.sleep(0.01)
-        return payloads
+    run_batch, parts, started = _parts_of_10_ms(1000)
 
     async def scenario():
         batcher = MicroBatcher(run_batch, max_rows=8, max_wait=0.0)

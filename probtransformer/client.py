@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,7 +24,7 @@ import numpy as np
 import torch
 
 from probtransformer.inference.prediction import Prediction, RegressionPrediction
-from probtransformer.models.generate import TokenStep
+from probtransformer.models.generate import TokenStep, _warn_unknown
 
 
 class ServerError(RuntimeError):
@@ -166,7 +165,7 @@ class Client:
                 seed=seed,
                 return_draws=True,
             )
-            rows.extend(self._rows(answer, len(x[start : start + limit])))
+            rows.extend(self._rows(answer, min(limit, n - start)))
         draws = [row["draws"] for row in rows]
         try:
             if "probs" in draws[0]:
@@ -209,12 +208,7 @@ class Client:
                         elif event == "error":
                             raise ServerError(200, f"generation failed: {data['detail']}")
                         else:
-                            if data.get("unknown"):  # as generate warns locally
-                                warnings.warn(
-                                    f"{data['unknown']} prompt character(s) are outside the "
-                                    "vocabulary and were mapped to <unk>",
-                                    stacklevel=2,
-                                )
+                            _warn_unknown([data.get("unknown", 0)])  # as generate does
                             return
 
     # -- plumbing -------------------------------------------------------------------------

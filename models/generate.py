@@ -20,6 +20,7 @@ import pandas as pd
 import torch
 
 from probtransformer.models.token import CausalLM
+from probtransformer.validation import int_text
 
 STRATEGIES = ("greedy", "sample")
 
@@ -189,7 +190,8 @@ def prompt_ids(model: CausalLM, prompt) -> tuple[torch.Tensor, int]:
 def _check_id_range(model: CausalLM, low: int, high: int) -> None:
     if low < 0 or high >= model.vocab_size:
         raise ValueError(
-            f"prompt token ids must lie in [0, {model.vocab_size}), got values in [{low}, {high}]"
+            f"prompt token ids must lie in [0, {model.vocab_size}), got values in "
+            f"[{int_text(low)}, {int_text(high)}]"
         )
 
 

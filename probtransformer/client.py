@@ -75,6 +75,8 @@ class Client:
             raise ValueError(f"url must be http(s)://host[:port], got {url!r}: {e}") from None
         if parsed.scheme not in ("http", "https") or not parsed.host:
             raise ValueError(f"url must be http(s)://host[:port], got {url!r}")
+        if parsed.port is not None and not 0 < parsed.port < 2**16:
+            raise ValueError(f"url's port must lie in [1, 65535], got {parsed.port}")
         if timeout is not None and not (
             isinstance(timeout, int | float)
             and not isinstance(timeout, bool)
@@ -277,6 +279,8 @@ def _raise_for(response) -> None:
             + (f" (got {item['input']!r})" if "input" in item else "")
             for item in detail
         )
+    if status == 404:  # a path this server lacks: a base URL with a path of its own, say
+        detail = f"{detail} ({response.request.method} {response.request.url})"
     message = f"HTTP {status}: {detail}"
     if status == 401:
         raise PermissionError(message)

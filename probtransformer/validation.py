@@ -9,6 +9,7 @@ trace (where latents are read, the likelihood's shape) are ``inference.model_che
 
 from __future__ import annotations
 
+import math
 from numbers import Integral
 from typing import Any
 
@@ -125,6 +126,14 @@ def check_sizes(**sizes: object) -> None:
     """Raise ``ValueError`` unless every value is an int ``>= 1`` (bools refused)."""
     for name, value in sizes.items():
         check_int(name, value)
+
+
+def int_text(value: int) -> str:
+    """``value`` for a message: in full up to 100 bits, else its order of magnitude (a JSON
+    body may hold thousands of digits, which a message should not echo)."""
+    if value.bit_length() <= 100:
+        return str(value)
+    return f"{'-' if value < 0 else ''}about 10^{int(value.bit_length() * math.log10(2))}"
 
 
 def value_and_type(value: object) -> str:

@@ -21,6 +21,7 @@ from probtransformer.cli.rundir import DIAGNOSTICS_FILE, Run
 from probtransformer.inference.inputs import out_of_range_message
 from probtransformer.inference.prediction import Prediction
 from probtransformer.serving.batcher import Abandoned
+from probtransformer.validation import int_text
 
 #: Rows x draws of one model call (a 64-row digits pass at S=100 takes about 0.3 s on 2 cores):
 #: a larger merged request runs as several calls, between which the worker checks that a client
@@ -355,7 +356,7 @@ def parse_sequences(sequences: list, model, *, tokens: bool) -> torch.Tensor:
             raise InvalidInput(
                 loc,
                 f"expected token ids in [0, {model.vocab_size}), got values in "
-                f"[{min(ids)}, {max(ids)}]",
+                f"[{int_text(min(ids))}, {int_text(max(ids))}]",
             )
         expected = f"(N, T) integer token ids, T <= {model.max_len}"
         array = _array(sequences, loc, expected, "iu", PAD_HINT)

@@ -68,6 +68,7 @@ def test_a_well_formed_answer_gives_a_prediction():
         (dict(url="127.0.0.1:8000"), "url must be http"),
         (dict(url="ftp://host"), "url must be http"),
         (dict(url="http://"), "url must be http"),
+        (dict(url="http://127.0.0.1:99999"), r"port must lie in \[1, 65535\], got 99999"),
         (dict(timeout=-1), "timeout must be a positive number"),
         (dict(timeout=float("nan")), "timeout must be a positive number"),
         (dict(timeout="5"), "timeout must be a positive number"),
@@ -103,3 +104,4 @@ def test_an_error_page_that_is_not_json_says_the_url_may_not_be_a_server():
     ) as error:
         _client(answer).health()
     assert "DOCTYPE" not in str(error.value)
+    assert "(GET http://testserver/health)" in str(error.value)  # the path that was missing

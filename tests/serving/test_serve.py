@@ -476,6 +476,8 @@ def test_token_requests_are_checked_against_the_vocabulary(lm_server, lm_run):
         huge = _post(lm_server, {"sequences": ids}, headers={})
         assert huge.status_code == 422
         assert f"got values in [{min(ids[0])}, {max(ids[0])}]" in huge.json()["detail"][0]["msg"]
+    huge = _post(lm_server, {"sequences": [[10**4000, 1]]}, headers={}).json()["detail"][0]
+    assert huge["msg"].endswith("got values in [1, about 10^4000]")  # not its 4,001 digits
     empty = _post(lm_server, {"sequences": [[]]}, headers={})
     assert "got an empty array of shape (1, 0)" in empty.json()["detail"][0]["msg"]
     floats = _post(lm_server, {"sequences": [[0.0, 1.5]]}, headers={})

@@ -144,6 +144,8 @@ class VectorizedDensity:
         self.sites: tuple[LatentSite, ...] = tuple(sites)
         self.dim = offset
         self.memory_budget = memory_budget
+        #: ``CompiledPass`` that evaluates the row passes (None: the eager Pyro trace).
+        self.compiled = None
 
     # -- layout ------------------------------------------------------------------------------
 
@@ -208,6 +210,9 @@ class VectorizedDensity:
         finite = torch.isfinite(z).all(1)
         if not finite.any():
             return total, gradient
+        if self.compiled is not None:  # K fixed: a non-finite chain is evaluated at 0, then NaN
+            lp, g = self._log_density(z.where(finite[:, None], 0.0), grad, rows, jacobian)
+            return lp.where(finite, total), g.where(finite[:, None], gradient) if grad else None
         try:
             with self._chains(finite):
                 lp, g = self._log_density(z[finite], grad, rows, jacobian)
@@ -242,7 +247,7 @@ class VectorizedDensity:
         step = self._rows_per_pass(chains)
         for i, start in enumerate(range(0, len(index), step)):
             with torch.set_grad_enabled(grad):
-                lp = self._pass(z, index[start : start + step], scale, first=i == 0, jac=jacobian)
+                lp = self._evaluate(z, index[start : start + step], scale, i == 0, jacobian)
             if grad:
                 (g,) = torch.autograd.grad(lp.sum(), z)
                 gradient += g
@@ -260,7 +265,7 @@ class VectorizedDensity:
         scale = self.num_rows / len(index)
         step = self._rows_per_pass(len(z))
         return sum(
-            self._pass(z, index[start : start + step], scale, first=i == 0, jac=jacobian)
+            self._evaluate(z, index[start : start + step], scale, i == 0, jacobian)
             for i, start in enumerate(range(0, len(index), step))
         )
 
@@ -319,6 +324,11 @@ class VectorizedDensity:
                 ) from e
             trace.compute_log_prob()
         return trace
+
+    def _evaluate(self, z, index, scale: float, first: bool, jac: bool) -> torch.Tensor:
+        """``_pass``, compiled when ``compiled`` is set."""
+        evaluate = self._pass if self.compiled is None else self.compiled
+        return evaluate(z, index, scale, first=first, jac=jac)
 
     def _pass(self, z, index, scale: float, *, first: bool, jac: bool) -> torch.Tensor:
         """``(K,)`` log density of one pass: global priors (and Jacobians) on the first pass

@@ -1,0 +1,205 @@
+"""The K-chain log density compiled: the model's own pass, traced once to ATen ops.
+
+``CompiledPass`` evaluates ``VectorizedDensity``'s row pass (priors, Jacobians, likelihood of
+K chains) as one compiled graph. Nothing is written twice: ``make_fx`` runs the Pyro trace of
+the model once at the fit's shapes and records the ATen operations it performs, as a pure
+function of ``(z (K, D), rows (B,), *per-chain parameters)``; the data and the fixed point
+estimates become constants of that graph. ``torch.compile`` (Inductor, ``dynamic=False``;
+on CUDA ``mode="reduce-overhead"``, CUDA graphs) fuses the many small ops of a small
+Transformer (attention's 8x8 products, LayerNorm over 8 features) that an eager pass pays
+PyTorch's per-op cost for, and AOTAutograd compiles the backward pass.
+
+Safety: Python control flow that depends on a latent value cannot be recorded (``make_fx``
+refuses to read a traced value), so a model that branches on its latents, fails to trace or
+fails to compile keeps the eager pass with a warning that names the error. Every compiled shape
+is compared once with the eager pass, value and gradient, at the states it first sees; a
+mismatch beyond ``VERIFY_RTOL`` also falls back to eager with a warning. Dropout in train mode
+draws masks that a compiled graph would draw from another stream, so such a model stays eager.
+
+When to compile (the ``compile=None`` rule of ``fit_mcmc``): compiling takes 15-60 s on CPU
+and saves about 40% of every later gradient (``benchmarks/BENCHMARKS.md``), so a phase (MAP
+starts, sampling) is compiled when its gradient evaluations, timed eager once, would take at
+least ``PAYBACK_SECONDS``: ``worth_compiling``.
+
+References: ``torch.fx.experimental.proxy_tensor.make_fx``; ``torch.compile`` (Ansel et al.,
+"PyTorch 2", ASPLOS 2024). NumPyro gets the same from ``jax.jit`` of its potential.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from typing import TYPE_CHECKING
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+from tqdm.auto import tqdm
+
+if TYPE_CHECKING:
+    from probtransformer.inference.vectorized import VectorizedDensity
+
+#: A phase is compiled when its gradient evaluations would take at least this long eager.
+PAYBACK_SECONDS = 120.0
+
+#: Compiled value and gradient against eager at the first states of a shape: relative to the
+#: largest magnitude of each (float32 reorders sums; observed <= 2e-6).
+VERIFY_RTOL = 1e-4
+
+#: Distinct shapes compiled per density at most (a pass per row chunk, MAP's mini-batch):
+#: a further shape runs eager instead of compiling again.
+MAX_SHAPES = 4
+
+
+class CompiledPass:
+    """``VectorizedDensity._pass`` as compiled graphs, one per shape.
+
+    Args:
+        density: the density whose pass is compiled (its model, data and ``parameters``).
+        backend: ``torch.compile``'s backend (``"inductor"``; ``"aot_eager"`` runs the traced
+            graph with AOTAutograd and no code generation, for tests).
+        progress: print a line to stderr while a shape compiles.
+
+    Attributes:
+        seconds: compile seconds so far (tracing, code generation and the first forward and
+            backward pass, summed over shapes).
+        shapes: ``[(K, B), ...]`` the chains and rows of each compiled graph.
+        failure: why compiling was given up (None while it has not been): the density then
+            evaluates eager.
+    """
+
+    def __init__(self, density: VectorizedDensity, *, backend: str = "inductor", progress=False):
+        self.density = density
+        self.backend = backend
+        self.progress = progress
+        self.cuda = density.device.type == "cuda"
+        self.seconds = 0.0
+        self.shapes: list[tuple[int, int]] = []
+        self.failure: str | None = None
+        self._graphs: dict[tuple, torch.nn.Module] = {}
+
+    def __call__(self, z, index, scale: float, *, first: bool, jac: bool) -> torch.Tensor:
+        """``(K,)`` log density of one pass, as ``VectorizedDensity._pass``, differentiable
+        with respect to ``z`` and the per-chain ``parameters``."""
+        density = self.density
+        if not torch.is_grad_enabled():  # a graph without its backward would compile again
+            return density._pass(z, index, scale, first=first, jac=jac)
+        parameters = density.parameters or {}
+        key = (
+            tuple(z.shape), len(index), float(scale), first, jac,
+            tuple((name, tuple(p.shape)) for name, p in parameters.items()),
+        )  # fmt: skip
+        graph = self._graphs.get(key)
+        if graph is None:
+            if self.failure is not None or len(self._graphs) >= MAX_SHAPES:
+                return density._pass(z, index, scale, first=first, jac=jac)
+            graph = self._build(key, z, index, scale, first, jac)
+            if graph is None:
+                return density._pass(z, index, scale, first=first, jac=jac)
+        if self.cuda:  # CUDA graphs: the previous call's outputs were copied out
+            torch.compiler.cudagraph_mark_step_begin()
+        return graph(z, index, *parameters.values())
+
+    def _build(self, key, z, index, scale, first, jac) -> torch.nn.Module | None:
+        """Trace, compile and verify the graph of ``key``; None (and eager from now on) when
+        that fails."""
+        density = self.density
+        names = list((density.parameters or {}).keys())
+        chains, rows = len(z), len(index)
+        if self.progress:
+            tqdm.write(f"compiling the log density of {chains} chains x {rows} rows ...")
+        start = time.perf_counter()
+        every = density.parameters
+
+        def pass_(z, index, *values):
+            density.parameters = dict(zip(names, values, strict=True)) if names else every
+            try:
+                return density._pass(z, index, scale, first=first, jac=jac)
+            finally:
+                density.parameters = every
+
+        mode = "reduce-overhead" if self.cuda else None
+        values = [p.detach() for p in (every or {}).values()]
+        try:
+            traced = make_fx(pass_)(z.detach(), index, *values)
+            graph = torch.compile(traced, backend=self.backend, mode=mode, dynamic=False)
+            error = self._verify(graph, z, index, scale, first, jac)
+        except (KeyboardInterrupt, torch.OutOfMemoryError):
+            raise
+        except Exception as e:  # noqa: BLE001 -- any failure to trace or compile: eager
+            error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        self.seconds += time.perf_counter() - start
+        if error is not None:
+            self.failure = error
+            warnings.warn(
+                f"the log density of {type(density.model).__name__} did not compile ({error}); "
+                "it is evaluated eager (compile=False skips the attempt)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return None
+        self._graphs[key] = graph
+        self.shapes.append((chains, rows))
+        return graph
+
+    def _verify(self, graph, z, index, scale, first, jac) -> str | None:
+        """Run ``graph`` forward and backward once (the compile) and compare value and gradient
+        with the eager pass at ``z``'s finite chains; the mismatch found, or None."""
+        density = self.density
+        finite = torch.isfinite(z).all(1)
+        if not finite.any():
+            return "no finite state to verify the compiled graph at"
+        z = z.detach()
+        parameters = [p.detach() for p in (density.parameters or {}).values()]
+        results = []
+        for evaluate in (
+            lambda u: graph(u, index, *parameters),
+            lambda u: density._pass(u, index, scale, first=first, jac=jac),
+        ):
+            u = z.clone().requires_grad_(True)
+            with torch.enable_grad():
+                lp = evaluate(u)
+                (grad,) = torch.autograd.grad(lp[finite].sum(), u)
+            results.append((lp.detach().clone()[finite], grad[finite].clone()))
+        (lp, grad), (lp_eager, grad_eager) = results
+        for name, ours, theirs in (("value", lp, lp_eager), ("gradient", grad, grad_eager)):
+            good = torch.isfinite(theirs)
+            if not torch.equal(good, torch.isfinite(ours)):
+                return f"its {name} is not finite where the eager pass's is, or the reverse"
+            if good.any():
+                scale_of = theirs[good].abs().max().clamp_min(1e-6)
+                error = float((ours[good] - theirs[good]).abs().max() / scale_of)
+                if error > VERIFY_RTOL:
+                    return f"its {name} differs from the eager pass by {error:.2g} relative"
+        return None
+
+    def record(self) -> dict:
+        """The record's summary: ``density_path``, ``compile_seconds``, ``compiled_shapes``."""
+        path = "compiled" if self._graphs else "eager"
+        return dict(
+            density_path=path,
+            compile_seconds=round(self.seconds, 2),
+            compiled_shapes=[list(s) for s in self.shapes],
+            compile_failure=self.failure,
+        )
+
+
+def compilable(model: torch.nn.Module) -> bool:
+    """False where the model draws dropout masks (train mode with ``p > 0``): a compiled graph
+    draws them from another random stream than the eager pass it is verified against."""
+    return not any(
+        m.training and getattr(m, "p", 0.0) > 0
+        for m in model.modules()
+        if isinstance(m, torch.nn.modules.dropout._DropoutNd)
+    )
+
+
+def worth_compiling(log_density, z: torch.Tensor, calls: int, **options) -> bool:
+    """Whether ``calls`` gradient evaluations at ``z``'s shape would take at least
+    ``PAYBACK_SECONDS`` eager: ``log_density(z, **options)`` is timed once (its result is
+    dropped)."""
+    start = time.perf_counter()
+    log_density(z, **options)
+    return calls * (time.perf_counter() - start) >= PAYBACK_SECONDS
+
+
+__all__ = ["PAYBACK_SECONDS", "CompiledPass", "compilable", "worth_compiling"]

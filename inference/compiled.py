@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -45,6 +46,9 @@ PAYBACK_SECONDS = 120.0
 #: largest magnitude of each (float32 reorders sums; observed <= 2e-6).
 VERIFY_RTOL = 1e-4
 
+#: ``torch.compile``'s backend of the fits' compiled densities.
+BACKEND = "inductor"
+
 #: Distinct shapes compiled per density at most (a pass per row chunk, MAP's mini-batch):
 #: a further shape runs eager instead of compiling again.
 MAX_SHAPES = 4
@@ -55,8 +59,8 @@ class CompiledPass:
 
     Args:
         density: the density whose pass is compiled (its model, data and ``parameters``).
-        backend: ``torch.compile``'s backend (``"inductor"``; ``"aot_eager"`` runs the traced
-            graph with AOTAutograd and no code generation, for tests).
+        backend: ``torch.compile``'s backend (None: ``BACKEND``, Inductor), or ``"fx"``: the
+            traced graph run as it is, without ``torch.compile`` (what the tests check).
         progress: print a line to stderr while a shape compiles.
 
     Attributes:
@@ -67,9 +71,9 @@ class CompiledPass:
             evaluates eager.
     """
 
-    def __init__(self, density: VectorizedDensity, *, backend: str = "inductor", progress=False):
+    def __init__(self, density: VectorizedDensity, *, backend: str | None = None, progress=False):
         self.density = density
-        self.backend = backend
+        self.backend = backend or BACKEND
         self.progress = progress
         self.cuda = density.device.type == "cuda"
         self.seconds = 0.0
@@ -121,12 +125,15 @@ class CompiledPass:
         values = [p.detach() for p in (every or {}).values()]
         try:
             traced = make_fx(pass_)(z.detach(), index, *values)
-            graph = torch.compile(traced, backend=self.backend, mode=mode, dynamic=False)
+            graph = traced
+            if self.backend != "fx":
+                graph = torch.compile(traced, backend=self.backend, mode=mode, dynamic=False)
             error = self._verify(graph, z, index, scale, first, jac)
         except (KeyboardInterrupt, torch.OutOfMemoryError):
             raise
         except Exception as e:  # noqa: BLE001 -- any failure to trace or compile: eager
-            error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            root = e.__cause__ or e  # the density's ValueError wraps the tracer's error
+            error = f"{type(root).__name__}: {str(root).splitlines()[0] if str(root) else ''}"
         self.seconds += time.perf_counter() - start
         if error is not None:
             self.failure = error
@@ -193,13 +200,55 @@ def compilable(model: torch.nn.Module) -> bool:
     )
 
 
-def worth_compiling(log_density, z: torch.Tensor, calls: int, **options) -> bool:
-    """Whether ``calls`` gradient evaluations at ``z``'s shape would take at least
-    ``PAYBACK_SECONDS`` eager: ``log_density(z, **options)`` is timed once (its result is
-    dropped)."""
+def worth_compiling(evaluate: Callable[[], object], calls: int) -> bool:
+    """Whether ``calls`` evaluations as long as one of ``evaluate()`` (timed once, eager; its
+    result is dropped) would take at least ``PAYBACK_SECONDS``."""
     start = time.perf_counter()
-    log_density(z, **options)
+    evaluate()
     return calls * (time.perf_counter() - start) >= PAYBACK_SECONDS
 
 
-__all__ = ["PAYBACK_SECONDS", "CompiledPass", "compilable", "worth_compiling"]
+def attach(
+    compiled: CompiledPass, compile: bool | None, calls: int, evaluate: Callable[[], object]
+) -> None:
+    """Set ``compiled.density.compiled`` for a phase of ``calls`` gradient evaluations like
+    ``evaluate()``: ``compiled`` when ``compile`` is True, or None and the phase repays it
+    (``worth_compiling``); otherwise None (eager). A compile that failed stays eager.
+
+    Raises:
+        ValueError: ``compile=True`` for a model that is not ``compilable``.
+    """
+    density = compiled.density
+    density.compiled = None
+    if compile is False or compiled.failure is not None:
+        return
+    if not compilable(density.model):
+        if compile:
+            raise ValueError(
+                f"compile=True, but {type(density.model).__name__} draws dropout masks "
+                "(train mode, p > 0), which a compiled graph cannot reproduce: set dropout=0 "
+                "or compile=None"
+            )
+        return
+    if compile or worth_compiling(evaluate, calls):
+        density.compiled = compiled
+
+
+def check_compile(compile: object) -> None:
+    """``compile`` is True, False or None (choose per phase).
+
+    Raises:
+        TypeError: anything else, named.
+    """
+    if compile is not None and not isinstance(compile, bool):
+        raise TypeError(f"compile must be True, False or None (choose), got {compile!r}")
+
+
+__all__ = [
+    "PAYBACK_SECONDS",
+    "CompiledPass",
+    "attach",
+    "check_compile",
+    "compilable",
+    "worth_compiling",
+]

@@ -28,6 +28,7 @@ from pyro import poutine
 from tqdm.auto import tqdm
 
 from probtransformer.inference._runtime import pyro_scope, reinitialised_copy, seeded
+from probtransformer.inference.compiled import CompiledPass, attach
 from probtransformer.inference.distributed import DataParallel, broadcast_state
 from probtransformer.inference.engine import activation_bytes
 from probtransformer.inference.mclmc import MCLMC
@@ -52,6 +53,10 @@ MAX_DRAW_BYTES = 2**31
 #: ``(K, D)`` copies the samplers hold at once: position, gradient, momentum, the proposal's
 #: position and gradient, velocity, the mass matrix's running sums (float64: two each).
 WORKING_COPIES = 10
+
+#: Gradients per ChEES transition or kept MCLMC draw, as the compile rule counts them (ChEES's
+#: initial trajectory is 10 leapfrog steps).
+GRADIENTS_PER_TRANSITION = 10
 
 #: Most integrator steps per kept MCLMC draw.
 MAX_MCLMC_STEPS_PER_DRAW = 256
@@ -80,6 +85,7 @@ def run_many_chains(
     progress: bool,
     parallel: DataParallel | None = None,
     full_mass: bool = False,
+    compile: bool | None = None,
 ) -> tuple[dict, dict | None, dict, dict]:
     """Sample ``model`` (eval mode, point estimates fixed) on ``train`` with K chains.
 
@@ -87,6 +93,10 @@ def run_many_chains(
     (``VectorizedDensity.sharded``): every rank runs the starts and the sampler on all K
     states, from rank 0's starts and point estimates, and evaluates its share of the chains.
     Every rank returns the same draws, those of one process.
+
+    ``compile`` (True, False, or None: where it repays, ``inference.compiled.attach``) runs the
+    MAP starts and the sampler on the compiled density (``inference.compiled.CompiledPass``);
+    ``record["density_path"]`` says which path ran, ``record["compile_seconds"]`` its cost.
 
     With ``"map"``/``"ensemble"`` starts the model's plain parameters are fitted per start
     (start ``m`` from the model re-initialised with ``seed + m``) and each chain keeps its
@@ -123,6 +133,7 @@ def run_many_chains(
             f"state (limit {MAX_DRAW_BYTES / 2**30:.2g} GiB): use fewer chains or draws"
         )
     device = train.x.device
+    compiled = CompiledPass(density, progress=progress)
     with seeded(seed, device):
         probe = prior_states(density, max(2, num_starts))
         density.check(probe[:2])  # K-chain values must equal single-chain ones, by site
@@ -131,6 +142,15 @@ def run_many_chains(
             density.parameters = _initial_parameters(model, names, num_starts, seed, device)
             density.check(starts)  # ... and with a plain-parameter value per start
         if init in ("map", "ensemble"):
+            local = any(site.local for site in density.sites)
+            rows = torch.arange(min(MAP_BATCH_SIZE, density.num_rows), device=device)
+            rows = None if local or len(rows) == density.num_rows else rows
+            attach(
+                compiled,
+                compile,
+                map_steps,
+                lambda: density.log_density(starts, rows=rows, jacobian=False),
+            )
             starts, _ = map_fit(density, starts, map_steps, progress=progress)
     if per_start:  # each chain keeps its start's fitted values
         density.parameters = {
@@ -144,6 +164,10 @@ def run_many_chains(
         broadcast_state(parallel, shared)
         log_density = density.sharded(parallel)
     _check_finite(density, z0)
+    # ChEES: about GRADIENTS_PER_TRANSITION leapfrog steps per transition; MCLMC: per kept draw
+    steps = max(30, num_warmup) if kernel == "mclmc" else num_warmup
+    calls = (steps + num_samples) * GRADIENTS_PER_TRANSITION
+    attach(compiled, compile, calls, lambda: log_density(z0))
     superchain = [k // (num_chains // num_starts) for k in range(num_chains)]
     start_seconds = time.perf_counter() - start_time
 
@@ -165,8 +189,9 @@ def run_many_chains(
         draws = _mclmc_draws(sampler, z0, num_warmup, num_samples)
     kept, stats, partial = [], {}, False
     clock = {"warmup": time.perf_counter()}
+    path = "compiled" if density.compiled is not None else "eager"
     with tqdm(
-        total=num_warmup + num_samples, disable=not progress, desc=kernel, leave=False
+        total=num_warmup + num_samples, disable=not progress, desc=f"{kernel} ({path})", leave=False
     ) as bar:
         try:
             for z, draw_stats in draws:  # each warm-up step yields None
@@ -203,7 +228,9 @@ def run_many_chains(
         warmup_seconds=sampling_start - clock["warmup"],
         sampling_seconds=end - sampling_start,
         **{f"adapted_{k}": v for k, v in sampler.settings().items()},
+        **compiled.record(),
     )
+    density.compiled = None
     if kernel == "mclmc":
         record.update(unadjusted=True, energy_error_var_per_dim=_energy_var(stats, density.dim))
     members = None

@@ -23,6 +23,7 @@ from probtransformer.inference._runtime import (
     resolve_device,
     seeded,
 )
+from probtransformer.inference.compiled import check_compile
 from probtransformer.inference.distributed import check_same_fit, joined, together
 from probtransformer.inference.guides import has_local_latents
 from probtransformer.inference.inputs import (
@@ -83,6 +84,7 @@ def fit_mcmc(
     trajectory_length: float | None = None,
     full_mass: bool = False,
     jit_compile: bool = False,
+    compile: bool | None = None,
     map_steps: int = 1000,
     device: str | torch.device = "auto",
     seed: int = 0,
@@ -173,7 +175,14 @@ def fit_mcmc(
             ChEES's initial trajectory length (None: 10 steps).
         full_mass: adapt a dense mass matrix instead of a diagonal one (NUTS, HMC, ChEES;
             ChEES: at most ``samplers.MAX_DENSE_DIM`` unconstrained scalars).
-        jit_compile: trace the potential energy with the PyTorch JIT.
+        jit_compile: trace the potential energy with the PyTorch JIT (NUTS, HMC).
+        compile: ChEES, MCLMC: evaluate the K-chain log density and its gradient as one
+            ``torch.compile``d graph traced from the model (``inference.compiled``; CUDA
+            graphs on a GPU), checked against the eager pass; True: always, False: never,
+            None: for the MAP starts and the sampling each where their gradients would take
+            at least ``compiled.PAYBACK_SECONDS`` (120 s) eager. A model that does not trace
+            or compile runs eager with a warning. ``record["density_path"]`` says which ran,
+            ``record["compile_seconds"]`` what compiling took.
         map_steps: MAP steps for the point-estimate parameters (unused when there are none).
         device: ``"auto"``, ``"cpu"``, ``"cuda"`` ...; CPU data is moved there.
         seed: seeds initialisation, MAP and sampling; same seed, same draws on one machine.
@@ -232,8 +241,10 @@ def fit_mcmc(
             max_tree_depth=max_tree_depth != DEFAULT_MAX_TREE_DEPTH,
             trajectory_length=trajectory_length is not None,
             jit_compile=jit_compile,
+            compile=compile is not None,
             full_mass=full_mass,
         )
+        check_compile(compile)
         if trajectory_length is None and kernel == "hmc":
             trajectory_length = 2 * math.pi
         if target_accept_prob is None:
@@ -342,6 +353,7 @@ def fit_mcmc(
         trajectory_length=trajectory_length if kernel in ("hmc", "chees") else None,
         full_mass=full_mass,
         jit_compile=jit_compile,
+        compile=compile,
     )
     if many:
         samples, members, stats, extra = run_many_chains(
@@ -361,6 +373,7 @@ def fit_mcmc(
             progress=progress,
             parallel=parallel,
             full_mass=full_mass,
+            compile=compile,
         )
         extra["parallel"] = False
         if parallel is not None:

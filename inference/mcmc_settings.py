@@ -39,13 +39,15 @@ def sharding(distributed: object, kernel: str, num_chains: int, device) -> DataP
 
 
 #: The settings that some kernels only read, and those kernels (MCLMC is unadjusted and tunes
-#: its own decoherence length; NUTS chooses its trajectories' lengths; the many-chain kernels
-#: run uncompiled). The CLI's ``options.KERNEL_OPTIONS`` names the same, without torch.
+#: its own decoherence length; NUTS chooses its trajectories' lengths; NUTS and HMC trace
+#: their potential with the PyTorch JIT, the many-chain kernels compile their K-chain density).
+#: The CLI's ``options.KERNEL_OPTIONS`` names the same, without torch.
 KERNEL_SETTINGS = {
     "target_accept_prob": ("nuts", "hmc", "chees"),
     "max_tree_depth": ("nuts",),
     "trajectory_length": ("hmc", "chees"),
     "jit_compile": ("nuts", "hmc"),
+    "compile": ("chees", "mclmc"),
     "full_mass": ("nuts", "hmc", "chees"),
 }
 

@@ -368,6 +368,7 @@ def _fit_mcmc(model, train, args: argparse.Namespace, distributed: bool):
             max_tree_depth=args.max_tree_depth,
             trajectory_length=args.trajectory_length,
             jit_compile=args.jit_compile,
+            compile=args.compile,
             map_steps=args.map_steps,
             device=args.device,
             distributed=distributed or None,
@@ -420,6 +421,9 @@ def _fit_settings(post) -> dict[str, Any]:
             init=record["init"],
             num_starts=record["num_starts"],
             chain_gradients=record["chain_gradients"],
+            # which density ran (runs saved before compiling: eager)
+            density_path=record.get("density_path", "eager"),
+            compile_seconds=record.get("compile_seconds", 0.0),
             # what warm-up adapted: step size, and ChEES's trajectory length or MCLMC's L
             **{key: value for key, value in record.items() if key.startswith("adapted_")},
         )

@@ -43,6 +43,7 @@ MCMC_OPTIONS = (  # fit_mcmc settings: mcmc only
     "max_tree_depth",
     "trajectory_length",
     "jit_compile",
+    "compile",
     "map_steps",
 )
 #: The MCMC options that apply to some kernels only: the kernels they apply to (as
@@ -54,6 +55,7 @@ KERNEL_OPTIONS = {
     "max_tree_depth": ("nuts",),
     "trajectory_length": ("hmc", "chees"),  # ChEES: the initial one, then adapted
     "jit_compile": ("nuts", "hmc"),
+    "compile": MANY_CHAIN_KERNELS,
 }
 #: CLI options named differently from the library parameter they set: (source, parameter).
 LIBRARY_NAMES = {"num_draws": ("mcmc", "num_samples")}
@@ -64,6 +66,7 @@ UNSET_MCMC_HELP = {"num_samples": "every kept draw"}
 UNSET_KERNEL_HELP = {
     "target_accept_prob": {"nuts": "0.8", "hmc": "0.8", "chees": "0.651"},
     "trajectory_length": {"chees": "10 leapfrog steps"},
+    "compile": {kernel: "where it repays" for kernel in MANY_CHAIN_KERNELS},
 }
 
 

@@ -318,6 +318,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="nuts and hmc only: trace the log density with the PyTorch JIT",
     )
     mcmc.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        help="chees and mclmc only: evaluate the K-chain log density as a torch.compile'd "
+        "graph, checked against the eager one (compiling takes 15-60 s)",
+    )
+    mcmc.add_argument(
         "--map-steps",
         type=non_negative_int,
         metavar="N",

@@ -16,10 +16,12 @@ is compared once with the eager pass, value and gradient, at the states it first
 mismatch beyond ``VERIFY_RTOL`` also falls back to eager with a warning. Dropout in train mode
 draws masks that a compiled graph would draw from another stream, so such a model stays eager.
 
-When to compile (the ``compile=None`` rule of ``fit_mcmc``): compiling takes 15-60 s on CPU
-and saves about 40% of every later gradient (``benchmarks/BENCHMARKS.md``), so a phase (MAP
-starts, sampling) is compiled when its gradient evaluations, timed eager once, would take at
-least ``PAYBACK_SECONDS``: ``worth_compiling``.
+When to compile (the ``compile=None`` rule of ``fit_mcmc``, ``attach``): compiling takes
+15-60 s on CPU and repays it only where the compiled gradient is faster, which on CPU holds
+for few chains and not for many (``benchmarks/BENCHMARKS.md``, "Compiled density"). So a
+phase (MAP starts, sampling) is compiled when its gradient evaluations, timed eager, would
+take at least ``PAYBACK_SECONDS``, and the compiled pass is kept only when it then times
+faster than eager; otherwise the record's ``compile_failure`` says what each took.
 
 References: ``torch.fx.experimental.proxy_tensor.make_fx``; ``torch.compile`` (Ansel et al.,
 "PyTorch 2", ASPLOS 2024). NumPyro gets the same from ``jax.jit`` of its potential.
@@ -27,6 +29,7 @@ References: ``torch.fx.experimental.proxy_tensor.make_fx``; ``torch.compile`` (A
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from collections.abc import Callable
@@ -52,6 +55,16 @@ BACKEND = "inductor"
 #: Distinct shapes compiled per density at most (a pass per row chunk, MAP's mini-batch):
 #: a further shape runs eager instead of compiling again.
 MAX_SHAPES = 4
+
+#: Inductor's options on CPU: scalar C++ kernels. Its vectorized kernels (AVX2 and AVX-512
+#: alike, torch 2.13) return a wrong log density for 32 or more chains of the 780-latent
+#: classifier, a different set of chains wrong on each call (values up to 1e32, gradients
+#: right: the signature of an out-of-bounds write), while scalar kernels, the ``fx`` and the
+#: ``aot_eager`` backends agree with eager to 1e-6 (``benchmarks/BENCHMARKS.md``). A check at
+#: the first states cannot catch an error that varies from call to call, so the vectorized
+#: kernels are not used. CUDA takes ``mode="reduce-overhead"`` instead (torch.compile refuses
+#: a mode and options together).
+CPU_OPTIONS = {"cpp.vec_isa_ok": False}
 
 
 class CompiledPass:
@@ -121,13 +134,13 @@ class CompiledPass:
             finally:
                 density.parameters = every
 
-        mode = "reduce-overhead" if self.cuda else None
+        how = {"mode": "reduce-overhead"} if self.cuda else {"options": CPU_OPTIONS}
         values = [p.detach() for p in (every or {}).values()]
         try:
             traced = make_fx(pass_)(z.detach(), index, *values)
             graph = traced
             if self.backend != "fx":
-                graph = torch.compile(traced, backend=self.backend, mode=mode, dynamic=False)
+                graph = torch.compile(traced, backend=self.backend, dynamic=False, **how)
             error = self._verify(graph, z, index, scale, first, jac)
         except (KeyboardInterrupt, torch.OutOfMemoryError):
             raise
@@ -179,6 +192,13 @@ class CompiledPass:
                     return f"its {name} differs from the eager pass by {error:.2g} relative"
         return None
 
+    def reject(self, reason: str) -> None:
+        """Drop the compiled graphs for good: the density evaluates eager, ``failure`` says
+        why (``attach``: a compiled pass no faster than eager)."""
+        self._graphs.clear()
+        self.shapes.clear()
+        self.failure = reason
+
     def record(self) -> dict:
         """The record's summary: ``density_path``, ``compile_seconds``, ``compiled_shapes``."""
         path = "compiled" if self._graphs else "eager"
@@ -200,20 +220,24 @@ def compilable(model: torch.nn.Module) -> bool:
     )
 
 
-def worth_compiling(evaluate: Callable[[], object], calls: int) -> bool:
-    """Whether ``calls`` evaluations as long as one of ``evaluate()`` (timed once, eager; its
-    result is dropped) would take at least ``PAYBACK_SECONDS``."""
-    start = time.perf_counter()
-    evaluate()
-    return calls * (time.perf_counter() - start) >= PAYBACK_SECONDS
+def seconds_per_call(evaluate: Callable[[], object], repeats: int = 3) -> float:
+    """The fastest of ``repeats`` timed calls of ``evaluate()`` (its result dropped), seconds."""
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        evaluate()
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 def attach(
     compiled: CompiledPass, compile: bool | None, calls: int, evaluate: Callable[[], object]
 ) -> None:
     """Set ``compiled.density.compiled`` for a phase of ``calls`` gradient evaluations like
-    ``evaluate()``: ``compiled`` when ``compile`` is True, or None and the phase repays it
-    (``worth_compiling``); otherwise None (eager). A compile that failed stays eager.
+    ``evaluate()``: ``compiled`` when ``compile`` is True, or when it is None, the phase's
+    eager gradients would take ``PAYBACK_SECONDS`` and the compiled pass then times faster
+    than eager (else ``compiled.reject``); otherwise None (eager). A failed compile stays
+    eager.
 
     Raises:
         ValueError: ``compile=True`` for a model that is not ``compilable``.
@@ -230,8 +254,19 @@ def attach(
                 "or compile=None"
             )
         return
-    if compile or worth_compiling(evaluate, calls):
+    if compile:
         density.compiled = compiled
+        return
+    eager = seconds_per_call(evaluate)
+    if calls * eager < PAYBACK_SECONDS:
+        return
+    density.compiled = compiled
+    evaluate()  # compiles (or fails, and stays eager)
+    if compiled.failure is None and (faster := seconds_per_call(evaluate)) >= eager:
+        compiled.reject(
+            f"compiled {1e3 * faster:.3g} ms per gradient, eager {1e3 * eager:.3g} ms: eager kept"
+        )
+        density.compiled = None
 
 
 def check_compile(compile: object) -> None:
@@ -250,5 +285,5 @@ __all__ = [
     "attach",
     "check_compile",
     "compilable",
-    "worth_compiling",
+    "seconds_per_call",
 ]

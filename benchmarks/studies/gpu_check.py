@@ -234,6 +234,30 @@ def chain_gradient_table(per_device: dict[str, dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def compiled_table(rates: dict[int, dict]) -> str:
+    """Markdown: eager against compiled chain-gradients per second on CUDA (CUDA graphs,
+    ``benchmarks.studies.compiled_density.torch_rates``)."""
+    ks = list(rates)
+    rows = {
+        "eager, chain-gradients / s": [f"{r['eager']:,.0f}" for r in rates.values()],
+        "compiled (reduce-overhead), chain-gradients / s": [
+            f"{r['compiled']:,.0f}" for r in rates.values()
+        ],
+        "compiled / eager": [f"{r['compiled'] / r['eager']:.2f}" for r in rates.values()],
+        "compile s": [f"{r['compile_seconds']:.1f}" for r in rates.values()],
+        "path (verified against eager)": [r["path"] for r in rates.values()],
+    }
+    lines = [
+        "",
+        "The K-chain density eager and compiled on CUDA (`fit_mcmc(compile=True)`):",
+        "",
+        "| | " + " | ".join(f"K = {k}" for k in ks) + " |",
+        "|---|" + "---:|" * len(ks),
+    ]
+    lines += [f"| {name} | " + " | ".join(cells) + " |" for name, cells in rows.items()]
+    return "\n".join(lines) + "\n"
+
+
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.studies.gpu_check",
@@ -298,6 +322,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     per_device["cpu"] = chain_gradients(torch.device("cpu"), ks)
     text = report(cpu, cuda, sizes, threads=args.threads, note=note)
     text += chain_gradient_table(per_device)
+    if cuda is not None:
+        from benchmarks.studies.compiled_density import torch_rates
+
+        compiled_ks = (1, 16, 64) if args.quick else (1, 16, 64, 256, 1024)
+        text += compiled_table(
+            torch_rates(compiled_ks, seconds=2.0, backend="inductor", device="cuda")
+        )
     print(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)

@@ -11,6 +11,7 @@ generation of the same graphs is checked by the slow tests (``-m slow``; 10-20 s
 from __future__ import annotations
 
 import math
+import time
 import warnings
 
 import pyro
@@ -237,9 +238,19 @@ def test_the_rule_compiles_only_a_phase_that_repays_it(monkeypatch):
     attach(compiled_pass, None, 10, lambda: None)  # 10 calls of nothing: not worth it
     assert density.compiled is None
     monkeypatch.setattr(compiled, "PAYBACK_SECONDS", 0.0)
-    attach(compiled_pass, None, 10, lambda: None)
-    assert density.compiled is compiled_pass
+
+    def gradient(eager_seconds, compiled_seconds):  # a phase's evaluation, timed by the rule
+        return lambda: time.sleep(eager_seconds if density.compiled is None else compiled_seconds)
+
+    attach(compiled_pass, None, 10, gradient(0.02, 0.0))  # compiled faster: kept
+    assert density.compiled is compiled_pass and compiled_pass.failure is None
     attach(compiled_pass, False, 10**9, lambda: None)
+    assert density.compiled is None
+    attach(compiled_pass, None, 10, gradient(0.0, 0.02))  # compiled slower: eager for good
+    assert density.compiled is None
+    assert "ms per gradient, eager" in compiled_pass.failure
+    assert compiled_pass.record()["density_path"] == "eager"
+    attach(compiled_pass, None, 10, gradient(0.02, 0.0))
     assert density.compiled is None
 
 
@@ -279,3 +290,22 @@ def test_compile_is_checked():
 def test_inductor_compiles_every_built_in_model_to_the_same_density(name):
     density = _density(name)
     assert_same_density(density, _states(density, 4), backend="inductor")
+
+
+@pytest.mark.slow
+def test_inductor_stays_equal_to_eager_over_many_chains_and_calls():
+    """The 780-latent classifier at K = 64, where Inductor's vectorized CPU kernels returned
+    a different wrong value on each call (``compiled.CPU_OPTIONS``): every call equal."""
+    from benchmarks.studies.nuts_vs_numpyro import MODEL, load_data
+
+    train, _ = load_data(100, 1, 0)
+    model = SequenceClassifier(**MODEL).eval()
+    density = VectorizedDensity(model, train.x, train.y, train.mask)
+    z = _states(density, 64)
+    lp, grad = density.log_density(z)
+    density.compiled = CompiledPass(density, backend="inductor")
+    for _ in range(5):
+        ours, our_grad = density.log_density(z)
+        assert density.compiled.failure is None
+        torch.testing.assert_close(ours, lp, rtol=RTOL, atol=RTOL * float(lp.abs().max()))
+        torch.testing.assert_close(our_grad, grad, rtol=RTOL, atol=RTOL * float(grad.abs().max()))

@@ -49,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
     """
     from probtransformer.tasks import TASKS, task_for_dataset
 
-    task = task_for_dataset(args.dataset)
+    splits = _table_splits(args)  # --data: read and checked before anything is written
+    task = task_for_dataset(args.dataset if splits is None else splits.meta)
     check_applicable(args, task, TASKS)
     guide = INFERENCE_GUIDES.get(args.inference)
     if guide is not None and args.guide not in (None, guide):
@@ -72,12 +73,45 @@ def run(args: argparse.Namespace) -> int:
         args = with_svi_preset(args, task.fit_preset)
     parallel = _joined_process_group(args)
     try:
-        return _run(args, task, guide, target, parallel, asked_batch_size)
+        return _run(args, task, guide, target, parallel, asked_batch_size, splits)
     finally:
         if parallel is not None:
             import torch.distributed
 
             torch.distributed.destroy_process_group()
+
+
+#: ``fit``'s options that describe ``--data``'s table (``datasets.tables.from_table``'s).
+TABLE_OPTIONS = ("target", "id", "time", "features", "task")
+
+
+def _table_splits(args: argparse.Namespace):
+    """``--data``'s ``DatasetSplits`` (``datasets.tables.from_table``), or None for
+    ``--dataset`` (filled in: digits); ``args.dataset`` becomes the file's name.
+
+    Raises:
+        CLIError: --data with --dataset, or a table option without --data, or --data without
+            --target.
+        ValueError: the table's own checks (file, column and row named).
+    """
+    table = {name: getattr(args, name) for name in TABLE_OPTIONS}
+    if args.data is None:
+        given_ = [f"--{name}" for name, value in table.items() if value is not None]
+        if given_:
+            raise CLIError(f"{', '.join(given_)} describe --data FILE, which was not given")
+        args.dataset = args.dataset or "digits"
+        return None
+    if args.dataset is not None:
+        raise CLIError(f"give --data or --dataset, not both (got --dataset {args.dataset})")
+    if args.target is None:
+        raise CLIError("--data needs --target COL, the column to predict")
+    from probtransformer.datasets.tables import file_sha256, from_table
+
+    path = Path(args.data)
+    splits = from_table(path, **table, seed=args.seed)
+    args.dataset = path.stem
+    splits.meta["data"] = {"path": str(path.absolute()), "sha256": file_sha256(path), **table}
+    return splits
 
 
 def _joined_process_group(args: argparse.Namespace):
@@ -113,14 +147,17 @@ def _run(
     target: Path,
     parallel,
     asked_batch_size: int | None,
+    splits=None,
 ) -> int:
-    """``run`` after the checks: load, fit, evaluate, write and print (rank 0 only)."""
+    """``run`` after the checks: load (unless ``--data`` gave ``splits``), fit, evaluate,
+    write and print (rank 0 only)."""
     import torch
 
     from probtransformer import datasets
     from probtransformer.inference.inputs import check_inputs
 
-    splits = datasets.load(args.dataset, seed=args.seed)
+    if splits is None:
+        splits = datasets.load(args.dataset, seed=args.seed)
     meta = splits.meta
     if args.num_train is not None:
         if args.num_train > len(splits.train):
@@ -196,8 +233,7 @@ def _run(
                 device=str(post.device),
                 threads=torch.get_num_threads(),
             )
-            if "class_names" in meta:
-                record["class_names"] = meta["class_names"]
+            record |= _data_record(meta)
             write_run(target, post, splits, record, draws, task, evaluation)
         except KeyboardInterrupt:
             raise KeyboardInterrupt(_kept_fit(post, target)) from None
@@ -226,8 +262,13 @@ def _describe(post, args: argparse.Namespace, splits, meta: dict) -> None:
     (``OUT.posterior``)."""
     post.record |= dict(dataset=args.dataset, seed=args.seed, num_train=len(splits.train))
     post.record["val_fraction"] = meta["val_fraction"]
-    if "class_names" in meta:
-        post.record["class_names"] = meta["class_names"]
+    post.record |= _data_record(meta)
+
+
+def _data_record(meta: dict) -> dict:
+    """What a run records of its data beyond dataset and seed: the class names, and for
+    ``--data`` the file, its options and the table schema (``run_data``, ``predict``)."""
+    return {key: meta[key] for key in ("class_names", "data", "table") if key in meta}
 
 
 def _kept_fit(

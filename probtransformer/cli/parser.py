@@ -161,11 +161,33 @@ def build_parser() -> argparse.ArgumentParser:
     fit.set_defaults(handler=fit_command.run)
     fit.add_argument(
         "--dataset",
-        default="digits",
         type=lambda text: DATASET_NAMES.canonical(text.strip()),
         choices=DATASET_NAMES,
         metavar="NAME",
-        help="dataset, one of: %(choices)s (default: %(default)s)",
+        help="dataset, one of: %(choices)s (default: digits, unless --data)",
+    )
+    table = fit.add_argument_group(
+        "your own data",
+        "--data FILE fits a .csv or .parquet table instead of --dataset: long (a row per step, "
+        "--id and --time) or wide (a row per sequence). Splits as the built-in datasets: 25%% "
+        "of the sequences test, 10%% of the rest val, stratified by class; classes, vocabulary "
+        "and feature scaling learned on train and saved in the run, so predict reads files of "
+        "the same layout.",
+    )
+    table.add_argument("--data", metavar="FILE", help="a .csv or .parquet table of sequences")
+    table.add_argument("--target", metavar="COL", help="the target column (with --data)")
+    table.add_argument("--id", metavar="COL", help="long layout: the sequence id column")
+    table.add_argument("--time", metavar="COL", help="long layout: the time column")
+    table.add_argument(
+        "--features",
+        metavar="COLS",
+        type=lambda text: [c.strip() for c in text.split(",") if c.strip()],
+        help="comma-separated feature columns (default: every other column)",
+    )
+    table.add_argument(
+        "--task",
+        choices=("classification", "tagging"),
+        help="classification: a target per sequence; tagging: per step (default: inferred)",
     )
     fit.add_argument(
         "--inference",

@@ -9,7 +9,7 @@ from probtransformer.cli._common import CLIError, check_output, given, warn, wri
 from probtransformer.cli.rundir import read_run
 
 #: Input files some task reads (each task refuses the suffixes it does not read).
-INPUT_SUFFIXES = (".npy", ".csv", ".txt")
+INPUT_SUFFIXES = (".npy", ".csv", ".txt", ".parquet", ".pq")  # tables: runs of fit --data
 
 
 def run(args: argparse.Namespace) -> None:
@@ -24,7 +24,7 @@ def run(args: argparse.Namespace) -> None:
 
     path = Path(args.input)
     if path.suffix.lower() not in INPUT_SUFFIXES:
-        raise CLIError(f"--input must be a .npy, .csv or .txt file, got {args.input!r}")
+        raise CLIError(f"--input must be a .npy, .csv, .txt or .parquet file, got {args.input!r}")
     if not path.is_file():
         raise CLIError(f"--input {args.input} does not exist or is not a file")
     check_output(args.output)

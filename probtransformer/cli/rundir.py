@@ -124,7 +124,10 @@ def run_data(record: dict, run_dir: str | Path):
     options = {}
     if record.get("val_fraction") is not None:
         options["val_fraction"] = record["val_fraction"]
-    splits = datasets.load(record["dataset"], seed=record["seed"], **options)
+    if "data" in record:  # fit --data: the table file again, checked unchanged
+        splits = _table_splits(record, metrics_file, options)
+    else:
+        splits = datasets.load(record["dataset"], seed=record["seed"], **options)
     num_train = record.get("num_train", len(splits.train))
     if (
         isinstance(num_train, bool)
@@ -136,6 +139,32 @@ def run_data(record: dict, run_dir: str | Path):
             f"split has {len(splits.train)} rows"
         )
     return splits.test, splits.train[:num_train], splits.meta
+
+
+def _table_splits(record: dict, metrics_file: Path, options: dict):
+    """The splits of a ``fit --data`` run: its table file read again with the recorded
+    options and seed.
+
+    Raises:
+        ValueError: the record's ``data`` is malformed, the file is gone, or its SHA-256
+            differs from the fit's (the file changed).
+    """
+    from probtransformer.datasets.tables import file_sha256, from_table
+
+    data = record["data"]
+    keys = {"path", "sha256", "target", "id", "time", "features", "task"}
+    if not isinstance(data, dict) or set(data) != keys or not isinstance(data["path"], str):
+        raise ValueError(f"{metrics_file}: 'data' must record {sorted(keys)}")
+    path = Path(data["path"])
+    if not path.is_file():
+        raise ValueError(f"{metrics_file} records data file {path}, which no longer exists")
+    if file_sha256(path) != data["sha256"]:
+        raise ValueError(
+            f"{path} changed since the fit ({metrics_file} records another SHA-256): its "
+            "splits would not be the ones the run was fitted on"
+        )
+    table = {key: data[key] for key in ("target", "id", "time", "features", "task")}
+    return from_table(path, **table, seed=record["seed"], **options)
 
 
 def diagnostic_rows(record: dict, train):

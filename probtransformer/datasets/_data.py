@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pandas as pd
 import torch
 
 from probtransformer.validation import as_tensor, check_finite, is_int
+
+if TYPE_CHECKING:
+    from probtransformer.datasets.tables import TableSchema
 
 
 @dataclass(eq=False)
@@ -70,6 +76,67 @@ class SequenceData:
 
     def __len__(self) -> int:
         return self.x.shape[0]
+
+    @classmethod
+    def from_pandas(
+        cls,
+        frame: pd.DataFrame,
+        *,
+        target: str | None = None,
+        id: str | None = None,
+        time: str | None = None,
+        features: list[str] | None = None,
+        task: str | None = None,
+        schema: TableSchema | None = None,
+        source: str = "DataFrame",
+    ) -> SequenceData:
+        """One split from a DataFrame, long (``id`` and ``time`` given: a row per step) or
+        wide (a row per sequence); see ``datasets.tables``.
+
+        Args:
+            frame: the table.
+            target, id, time, features, task: the columns and task (``TableSchema.learn``).
+            schema: encode with this schema (a fitted run's, so new data get its classes,
+                vocabulary and scaling); None learns one from ``frame``, unscaled.
+            source: what error messages call the table.
+
+        Returns:
+            ``SequenceData``: x float32 (N, T, F) or int64 (N, T) token ids, y (N,) or
+            (N, T) or None, mask bool (N, T) when sequences are ragged.
+
+        Raises:
+            ValueError: a missing column, NaN or inf, a target missing or two per sequence,
+                time steps out of order or duplicated, mixed types: each names the column
+                and the row.
+        """
+        from probtransformer.datasets.tables import TableSchema
+
+        if not isinstance(frame, pd.DataFrame):
+            raise TypeError(f"frame must be a pandas DataFrame, got {type(frame).__name__}")
+        if schema is None:
+            schema = TableSchema.learn(
+                frame, target=target, id=id, time=time, features=features, task=task,
+                scale=False, source=source,
+            )  # fmt: skip
+        else:
+            schema = dataclasses.replace(schema, source=source)
+        return schema.encode(frame)
+
+    @classmethod
+    def from_csv(cls, path: str | Path, **options: Any) -> SequenceData:
+        """``from_pandas`` of a CSV file (``datasets.tables.read_table``: refused above
+        ``MAX_TABLE_BYTES``, empty files refused)."""
+        from probtransformer.datasets.tables import read_table
+
+        return cls.from_pandas(read_table(_suffixed(path, ".csv")), source=str(path), **options)
+
+    @classmethod
+    def from_parquet(cls, path: str | Path, **options: Any) -> SequenceData:
+        """``from_pandas`` of a Parquet file (needs ``pyarrow``)."""
+        from probtransformer.datasets.tables import read_table
+
+        path = _suffixed(path, ".parquet", ".pq")
+        return cls.from_pandas(read_table(path), source=str(path), **options)
 
     def __getitem__(self, index: int | slice | torch.Tensor | np.ndarray) -> SequenceData:
         """Select examples; an int keeps a batch dim of 1.
@@ -166,3 +233,11 @@ class DatasetSplits:
     val: SequenceData
     test: SequenceData
     meta: dict[str, Any]
+
+
+def _suffixed(path: str | Path, *suffixes: str) -> Path:
+    """``path``, refused unless it ends in one of ``suffixes``."""
+    path = Path(path)
+    if path.suffix.lower() not in suffixes:
+        raise ValueError(f"{path}: expected a {' or '.join(suffixes)} file")
+    return path

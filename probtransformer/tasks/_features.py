@@ -25,7 +25,11 @@ class FeatureTask(Task):
     def predict_frame(
         self, path: Path, run: Any, draws: dict, *, warn: Callable[[str], None]
     ) -> Any:
-        """See ``Task.predict_frame``; ``.npy`` or ``.csv`` inputs, ``.txt`` refused."""
+        """See ``Task.predict_frame``; ``.npy`` or ``.csv`` inputs, ``.txt`` refused. A run
+        fitted on ``--data`` reads ``.csv`` or ``.parquet`` tables of the same layout instead,
+        encoded with the run's schema, one output row per sequence led by its id."""
+        if "table" in run.record:
+            return self._predict_table(path, run, draws)
         suffix = path.suffix.lower()
         if suffix not in (".npy", ".csv"):
             raise ValueError(
@@ -38,6 +42,22 @@ class FeatureTask(Task):
         else:
             x = read_csv(path, max_len, in_features)
         return self.prediction_frame(run.posterior.predict(x, **draws), run.record)
+
+    def _predict_table(self, path: Path, run: Any, draws: dict) -> Any:
+        """``predict_frame`` of a ``fit --data`` run: the table encoded by its schema."""
+        import pandas as pd
+
+        from probtransformer.datasets import SequenceData
+        from probtransformer.datasets.tables import TableSchema, read_table
+
+        schema = TableSchema.from_dict(run.record["table"])
+        frame = read_table(path)
+        data = SequenceData.from_pandas(frame, schema=schema, source=str(path))
+        out = self.prediction_frame(run.posterior.predict(data.x, data.mask, **draws), run.record)
+        if schema.id is not None:
+            ids = pd.factorize(frame[schema.id], sort=False)[1]
+            out.insert(0, schema.id, np.asarray(ids))
+        return out
 
 
 def read_npy(path: Path, in_features: int) -> np.ndarray:

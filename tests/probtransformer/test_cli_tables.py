@@ -1,0 +1,93 @@
+"""``probtransformer fit --data``: a stranger's table fitted, predicted and reported from the
+CLI alone; bad tables refused before anything is written."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from probtransformer.cli import main
+from tests.probtransformer.test_cli import TINY
+
+OUTCOMES = ["mild", "moderate", "severe"]
+
+
+def stranger_csv(path, sequences: int = 120, seed: int = 0):
+    """Ragged visits of patients: heart rate by outcome, string labels, a long layout."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(sequences):
+        c = i % 3
+        for visit in range(int(rng.integers(4, 9))):
+            hr = 60 + 15 * c + rng.normal(0, 3)
+            rows.append(dict(patient=f"P{i:04d}", visit=visit, hr=hr, outcome=OUTCOMES[c]))
+    pd.DataFrame(rows).to_csv(path, index=False)
+    return path
+
+
+@pytest.fixture(scope="module")
+def table_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("table")
+    data = stranger_csv(root / "visits.csv")
+    table = ["--data", str(data), "--target", "outcome", "--id", "patient", "--time", "visit"]
+    assert main(["fit", *table, "--out", str(root / "run"), *TINY, "--num-steps", "400"]) == 0
+    return root, data
+
+
+def test_fit_data_records_the_file_the_classes_and_the_schema(table_run):
+    root, data = table_run
+    record = json.loads((root / "run" / "metrics.json").read_text())
+    assert record["dataset"] == "visits" and record["class_names"] == OUTCOMES
+    assert record["data"]["path"] == str(data.absolute()) and len(record["data"]["sha256"]) == 64
+    assert record["table"]["layout"] == "long" and record["table"]["max_len"] == 8
+    assert record["num_test"] == 30 and record["accuracy"] > 0.6  # chance is 1/3
+
+
+def test_predict_reads_the_same_layout_and_names_ids_and_classes(table_run, tmp_path):
+    root, data = table_run
+    new = pd.read_csv(data).head(20)
+    new.drop(columns="outcome").to_parquet(tmp_path / "new.parquet")  # no target needed
+    out = tmp_path / "pred.csv"
+    assert main(["predict", str(root / "run"), "--input", str(tmp_path / "new.parquet"),
+                 "--output", str(out), "--num-samples", "5"]) == 0  # fmt: skip
+    pred = pd.read_csv(out)
+    assert list(pred["patient"]) == list(new["patient"].unique())
+    assert set(pred["predicted"]) <= set(OUTCOMES)
+    assert {f"prob_{c}" for c in OUTCOMES} <= set(pred.columns)
+
+
+def test_report_rereads_the_table_and_refuses_a_changed_one(table_run, capsys):
+    root, data = table_run
+    assert main(["report", str(root / "run")]) == 0
+    before = data.read_bytes()
+    try:
+        data.write_bytes(before + b"P9999,0,70.0,mild\n")
+        assert main(["report", str(root / "run")]) == 2
+        assert "changed since the fit" in capsys.readouterr().err
+    finally:
+        data.write_bytes(before)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--target", "grade"], "has no column 'grade'"),
+        (["--target", "outcome", "--dataset", "digits"], "give --data or --dataset, not both"),
+        ([], "--data needs --target COL"),
+    ],
+)
+def test_bad_tables_are_refused_before_anything_is_written(tmp_path, capsys, args, message):
+    data = stranger_csv(tmp_path / "visits.csv", sequences=30)
+    out = tmp_path / "run"
+    status = main(["fit", "--data", str(data), "--id", "patient", "--time", "visit", *args,
+                   "--out", str(out), *TINY])  # fmt: skip
+    assert status == 2 and message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_table_options_need_data(capsys):
+    assert main(["fit", "--target", "y", *TINY]) == 2
+    assert "--target describe --data FILE, which was not given" in capsys.readouterr().err

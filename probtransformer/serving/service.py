@@ -126,6 +126,11 @@ class Service:
         self.tokens = getattr(model, "vocab_size", None) is not None
         self.vocab = getattr(model, "vocab", None)
         self.class_names = run.record.get("class_names")
+        table = run.record.get("table") or {}  # fit --data: features arrive in the file's units
+        self.table_features = table.get("features")
+        self.scaling = None
+        if table.get("x_loc") is not None and not self.tokens:
+            self.scaling = (torch.tensor(table["x_loc"]), torch.tensor(table["x_scale"]))
         self.categorical, self.merges = self._probe()
         self.units = CATEGORICAL_UNITS if self.categorical else REGRESSION_UNITS
         self.diagnostics = _read_diagnostics(run.path / DIAGNOSTICS_FILE)
@@ -176,6 +181,10 @@ class Service:
             if message.startswith("x "):
                 message = "sequences " + message[2:]
             raise InvalidInput(("body", field), message) from None
+        if self.scaling is not None:  # the run's training standardization, padding kept 0
+            loc, scale = self.scaling
+            real = torch.ones(x.shape[:2], dtype=torch.bool) if mask is None else mask
+            x = torch.where(real[..., None], (x - loc) / scale, 0.0).to(x.dtype)
         if body.abstain_above is not None and not self.categorical:
             raise InvalidInput(
                 ("body", "abstain_above"),
@@ -332,6 +341,8 @@ class Service:
                 "max_len": model.max_len,
                 "in_features": getattr(model, "in_features", None),
                 "vocab_size": getattr(model, "vocab_size", None),
+                "features": self.table_features,  # a fit --data run's columns, in order
+                "standardized_by_server": self.scaling is not None,
             },
             "prediction": "categorical" if self.categorical else "regression",
             "classes": self.class_names,

@@ -91,3 +91,31 @@ def test_bad_tables_are_refused_before_anything_is_written(tmp_path, capsys, arg
 def test_table_options_need_data(capsys):
     assert main(["fit", "--target", "y", *TINY]) == 2
     assert "--target describe --data FILE, which was not given" in capsys.readouterr().err
+
+
+@pytest.mark.filterwarnings("ignore:Using `httpx`")
+def test_the_service_standardizes_features_sent_in_the_files_units(table_run, tmp_path):
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from probtransformer.cli.rundir import read_run
+    from probtransformer.datasets import SequenceData, TableSchema
+    from probtransformer.serving import Service, create_app
+
+    root, data = table_run
+    run = read_run(root / "run")
+    schema = TableSchema.from_dict(run.record["table"])
+    frame = pd.read_csv(data)
+    first = frame[frame["patient"] == "P0000"]
+    raw = first[["hr"]].to_numpy().tolist()  # beats per minute, as in the file
+    expected = run.posterior.predict(
+        SequenceData.from_pandas(first, schema=schema).x[:, : len(first)], num_samples=5
+    )
+    with TestClient(create_app(Service(run, num_samples=5))) as client:
+        meta = client.get("/metadata").json()
+        answer = client.post("/predict", json={"sequences": [raw]}).json()
+    assert meta["classes"] == OUTCOMES and meta["input"]["features"] == ["hr"]
+    assert meta["input"]["standardized_by_server"]
+    row = answer["rows"][0]
+    assert row["predicted_label"] == "mild"  # P0000's outcome
+    assert row["probs"] == pytest.approx(expected.probs.mean(0)[0].tolist(), abs=1e-4)

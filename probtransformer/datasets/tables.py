@@ -116,7 +116,8 @@ class TableSchema:
         id, time: the sequence id and time columns of the long layout (None when wide).
         task: "classification" (a class per sequence), "tagging" (a class per step) or
             "regression" (a number per sequence).
-        max_len: T, the longest training sequence; longer sequences are refused.
+        max_len: T, the longest sequence of the table it was learned from (``from_table``:
+            of every split); longer sequences are refused.
         class_names: the classes in index order (classification, tagging), else None.
         vocab: the token of each id for a text feature (``vocab[0] == "<unk>"``), else None.
         x_loc, x_scale: per numeric feature, the standardization (None: not scaled).
@@ -490,6 +491,7 @@ def from_table(
         frame[rows["train"]], target=target, id=id, time=time, features=probe.features,
         task=probe.task, scale=scale, source=source,
     )  # fmt: skip
+    schema.max_len = probe.max_len  # the longest sequence of any split: the model's T
     if schema.class_names is not None and schema.class_names != probe.class_names:
         missing = sorted(set(probe.class_names) - set(schema.class_names))
         raise ValueError(

@@ -215,3 +215,12 @@ def test_empty_and_oversized_files_are_refused_unread(tmp_path):
         read_table(tmp_path / "book.xlsx")
     with pytest.raises(TypeError, match="table must be a DataFrame or a file path, got list"):
         from_table([1, 2], target="label")
+
+
+def test_every_split_is_padded_to_the_longest_sequence_of_the_table():
+    frame = _frame()
+    longest = frame[frame["id"] == 11].assign(time=[4, 5, 6])
+    frame = pd.concat([frame, longest], ignore_index=True)  # sequence 11: 6 steps
+    splits = from_table(frame, target="label", id="id", time="time")
+    assert splits.meta["max_len"] == 6
+    assert {part.x.shape[1] for part in (splits.train, splits.val, splits.test)} == {6}

@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 #: ``fit``'s options that describe ``--data``'s table (``datasets.tables.from_table``'s).
-TABLE_OPTIONS = ("target", "id", "time", "features", "task")
+TABLE_OPTIONS = ("target", "id", "time", "features", "task", "context", "horizon")
 
 
 def _table_splits(args: argparse.Namespace):

@@ -186,9 +186,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     table.add_argument(
         "--task",
-        choices=("classification", "tagging"),
-        help="classification: a target per sequence; tagging: per step (default: inferred)",
+        choices=("classification", "tagging", "forecasting"),
+        help="classification: a target per sequence; tagging: per step (default: inferred); "
+        "forecasting: one series (no --id), windows of --context steps -> --horizon steps",
     )
+    table.add_argument("--context", type=positive_int, metavar="L", help="--task forecasting")
+    table.add_argument("--horizon", type=positive_int, metavar="H", help="--task forecasting")
     fit.add_argument(
         "--inference",
         default="svi",

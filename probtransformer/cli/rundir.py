@@ -141,7 +141,7 @@ def run_data(record: dict, run_dir: str | Path):
     return splits.test, splits.train[:num_train], splits.meta
 
 
-def _table_splits(record: dict, metrics_file: Path, options: dict):
+def _table_splits(record: dict, metrics_file: Path, split_options: dict):
     """The splits of a ``fit --data`` run: its table file read again with the recorded
     options and seed.
 
@@ -152,7 +152,8 @@ def _table_splits(record: dict, metrics_file: Path, options: dict):
     from probtransformer.datasets.tables import file_sha256, from_table
 
     data = record["data"]
-    keys = {"path", "sha256", "target", "id", "time", "features", "task"}
+    options = ("target", "id", "time", "features", "task", "context", "horizon")
+    keys = {"path", "sha256", *options}
     if not isinstance(data, dict) or set(data) != keys or not isinstance(data["path"], str):
         raise ValueError(f"{metrics_file}: 'data' must record {sorted(keys)}")
     path = Path(data["path"])
@@ -163,8 +164,8 @@ def _table_splits(record: dict, metrics_file: Path, options: dict):
             f"{path} changed since the fit ({metrics_file} records another SHA-256): its "
             "splits would not be the ones the run was fitted on"
         )
-    table = {key: data[key] for key in ("target", "id", "time", "features", "task")}
-    return from_table(path, **table, seed=record["seed"], **options)
+    table = {key: data[key] for key in options}
+    return from_table(path, **table, seed=record["seed"], **split_options)
 
 
 def diagnostic_rows(record: dict, train):

@@ -46,7 +46,7 @@ MAX_TABLE_BYTES = 1 << 30
 #: The token of unknown text and of padding, id 0 of every vocabulary.
 UNK = "<unk>"
 
-TASKS = ("classification", "tagging", "regression")
+TASKS = ("classification", "tagging", "regression")  # TableSchema's; from_table adds forecasting
 LAYOUTS = ("long", "wide")
 SUFFIXES = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
 
@@ -436,6 +436,8 @@ def from_table(
     val_fraction: float = 0.1,
     test_fraction: float = TEST_FRACTION,
     max_bytes: int = MAX_TABLE_BYTES,
+    context: int | None = None,
+    horizon: int | None = None,
 ) -> DatasetSplits:
     """Train/val/test splits of your own table, carved as the built-in datasets are.
 
@@ -451,6 +453,14 @@ def from_table(
         val_fraction: share of the non-test sequences used for validation, in [0, 1).
         test_fraction: share of the sequences held out for test, in (0, 1).
         max_bytes: the largest file read (``read_table``).
+        context, horizon: ``task="forecasting"``: one series (a row per time step, no
+            ``id``), cut into rolling-origin windows of ``context`` steps of the features
+            (default: every column but ``time``, the target included) followed by
+            ``horizon`` steps of the target, as the built-in forecasting datasets: the last
+            ``test_fraction`` of the origins are test, val the last ``val_fraction`` of the
+            rest, no target step shared between splits. The model standardizes inside
+            (meta ``x_loc``, ``x_scale``, ``y_loc``, ``y_scale``), so inputs stay in the
+            file's units.
 
     Returns:
         ``DatasetSplits`` whose meta holds name (the file name, or "DataFrame"), task,
@@ -477,6 +487,15 @@ def from_table(
             f"test_fraction must lie in (0, 1) and val_fraction in [0, 1), got "
             f"{test_fraction} and {val_fraction}"
         )
+    if task == "forecasting":
+        if id is not None:
+            raise ValueError(f"{source}: forecasting reads one series: leave out id, got {id!r}")
+        return _forecast_table(
+            frame, source, target, time, features, context, horizon, seed, val_fraction,
+            test_fraction,
+        )  # fmt: skip
+    if context is not None or horizon is not None:
+        raise ValueError(f"context and horizon are for task='forecasting', not {task!r}")
     probe = TableSchema.learn(
         frame, target=target, id=id, time=time, features=features, task=task, scale=False,
         source=source,
@@ -510,6 +529,64 @@ def from_table(
         "table": schema.to_dict(),
     }
     return DatasetSplits(data["train"], data["val"], data["test"], meta)
+
+
+def _forecast_table(
+    frame, source, target, time, features, context, horizon, seed, val_fraction, test_fraction
+) -> DatasetSplits:
+    """``from_table`` of one series: the built-in forecasting windows (``forecasting``)."""
+    from probtransformer.datasets.forecasting import _Forecast, _forecast_splits
+
+    for name, value in (("context", context), ("horizon", horizon)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"forecasting needs {name} as a positive int, got {value!r}")
+    if time is None:
+        raise ValueError(f"{source}: forecasting needs the time column (time=...)")
+    _require(frame, [target, time, *(features or [])], source)
+    features = features or [str(c) for c in frame.columns if c != time]
+    _no_missing(frame[time], time, source)
+    times = frame[time].to_numpy()
+    try:
+        back = ~(times[1:] > times[:-1])
+    except TypeError:
+        raise ValueError(f"{source}: column {time!r} mixes types that cannot be ordered") from None
+    if back.any():
+        k = int(np.flatnonzero(back)[0])
+        what = "duplicated" if times[k + 1] == times[k] else "out of order"
+        raise ValueError(
+            f"{source}: column {time!r}: time {_show(times[k + 1])} at {_row(source, k + 1)} "
+            f"after {_show(times[k])} at {_row(source, k)}: time steps {what} (one row per "
+            "step, in time order)"
+        )
+    for c in [target, *features]:
+        if _column_kind(frame, c, source) != "numbers":
+            raise ValueError(f"{source}: forecasting reads numbers; column {c!r} holds text")
+    values = {c: _numbers(frame[c], c, source) for c in dict.fromkeys([target, *features])}
+    index = pd.Index(times, name=time)
+    series = pd.Series(values[target], index=index, name=target)
+    table = pd.DataFrame({c: values[c] for c in features}, index=index)
+    origins = len(frame) - context - horizon + 1
+    test_origins = tail_count(test_fraction, max(origins, 0))
+    if origins < 2 or origins - test_origins < horizon + 1:
+        raise ValueError(
+            f"{source}: {len(frame)} time steps are too few for windows of context {context} "
+            f"and horizon {horizon} with a test part ({origins} origins)"
+        )
+    spec = _Forecast(context, horizon, 1, test_origins, "", None, "", source)
+    meta = {
+        "name": Path(source).name,
+        "task": "forecasting",
+        "max_len": context,
+        "context": context,
+        "horizon": horizon,
+        "in_features": len(features),
+        "season": 1,
+        "frequency": "",
+        "source": source,
+        "holdout_classes": (),
+        "ood": None,
+    }
+    return _forecast_splits(series, table, spec, meta, seed, val_fraction)
 
 
 def _split(n, strata, schema, seed, val_fraction, test_fraction) -> dict[str, np.ndarray]:

@@ -119,3 +119,17 @@ def test_the_service_standardizes_features_sent_in_the_files_units(table_run, tm
     row = answer["rows"][0]
     assert row["predicted_label"] == "mild"  # P0000's outcome
     assert row["probs"] == pytest.approx(expected.probs.mean(0)[0].tolist(), abs=1e-4)
+
+
+def test_fit_data_forecasts_one_series_in_its_own_units(tmp_path):
+    days = np.arange(200)
+    sales = 10 + 3 * np.sin(days * 2 * np.pi / 7)
+    path = tmp_path / "sales.csv"
+    pd.DataFrame({"day": days, "sales": sales}).to_csv(path, index=False)
+    out = tmp_path / "run"
+    args = ["--data", str(path), "--target", "sales", "--time", "day", "--task", "forecasting"]
+    assert main(["fit", *args, "--context", "14", "--horizon", "3", "--out", str(out), *TINY]) == 0
+    record = json.loads((out / "metrics.json").read_text())
+    assert record["task"] == "forecasting" and record["data"]["horizon"] == 3
+    assert record["num_test"] == 46  # ceil(0.25 * 184 origins)
+    assert main(["report", str(out)]) == 0  # the series read again from the file

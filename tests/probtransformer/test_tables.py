@@ -224,3 +224,35 @@ def test_every_split_is_padded_to_the_longest_sequence_of_the_table():
     splits = from_table(frame, target="label", id="id", time="time")
     assert splits.meta["max_len"] == 6
     assert {part.x.shape[1] for part in (splits.train, splits.val, splits.test)} == {6}
+
+
+def test_a_series_round_trips_to_the_built_in_forecasting_windows(tmp_path):
+    pytest.importorskip("statsmodels")
+    built_in = datasets.load("sunspots", seed=0)
+    series = built_in.meta["series"]
+    path = tmp_path / "sunspots.csv"
+    pd.DataFrame({"year": series.index, "spots": series.to_numpy()}).to_csv(path, index=False)
+    origins = len(series) - 32 - 4 + 1
+    splits = from_table(
+        path, target="spots", time="year", task="forecasting", context=32, horizon=4,
+        test_fraction=59.5 / origins,
+    )  # fmt: skip
+    for ours, theirs in zip(
+        (splits.train, splits.val, splits.test),
+        (built_in.train, built_in.val, built_in.test),
+        strict=True,
+    ):
+        assert torch.equal(ours.x, theirs.x) and torch.equal(ours.y, theirs.y)
+    for key in ("x_loc", "x_scale", "y_loc", "y_scale", "horizon", "max_len"):
+        assert splits.meta[key] == pytest.approx(built_in.meta[key])
+    frame = pd.read_csv(path)
+    with pytest.raises(ValueError, match=r"column 'year': time 1750 at row 51 after 1750"):
+        from_table(
+            frame.assign(year=frame["year"].where(frame.index != 51, 1750)), target="spots",
+            time="year", task="forecasting", context=32, horizon=4,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="40 time steps are too few for windows of context 32"):
+        from_table(frame[:40], target="spots", time="year", task="forecasting", context=32,
+                   horizon=4)  # fmt: skip
+    with pytest.raises(ValueError, match="forecasting needs horizon as a positive int"):
+        from_table(frame, target="spots", time="year", task="forecasting", context=32)

@@ -17,8 +17,9 @@ mismatch beyond ``VERIFY_RTOL`` also falls back to eager with a warning. Dropout
 draws masks that a compiled graph would draw from another stream, so such a model stays eager.
 
 When to compile (the ``compile=None`` rule of ``fit_mcmc``, ``attach``): compiling takes
-15-60 s on CPU and repays it only where the compiled gradient is faster, which on CPU holds
-for few chains and not for many (``benchmarks/BENCHMARKS.md``, "Compiled density"). So a
+10-60 s on CPU and repays it only where the compiled gradient is faster; on the 2-core machine
+of ``benchmarks/BENCHMARKS.md`` ("Compiled K-chain density") it was 1.6-6.6x faster than eager
+for 1-256 chains, but that depends on the model, the CPU and the device. So a
 phase (MAP starts, sampling) is compiled when its gradient evaluations, timed eager, would
 take at least ``PAYBACK_SECONDS``, and the compiled pass is kept only when it then times
 faster than eager; otherwise the record's ``compile_failure`` says what each took.
@@ -55,16 +56,6 @@ BACKEND = "inductor"
 #: Distinct shapes compiled per density at most (a pass per row chunk, MAP's mini-batch):
 #: a further shape runs eager instead of compiling again.
 MAX_SHAPES = 4
-
-#: Inductor's options on CPU: scalar C++ kernels. Its vectorized kernels (AVX2 and AVX-512
-#: alike, torch 2.13) return a wrong log density for 32 or more chains of the 780-latent
-#: classifier, a different set of chains wrong on each call (values up to 1e32, gradients
-#: right: the signature of an out-of-bounds write), while scalar kernels, the ``fx`` and the
-#: ``aot_eager`` backends agree with eager to 1e-6 (``benchmarks/BENCHMARKS.md``). A check at
-#: the first states cannot catch an error that varies from call to call, so the vectorized
-#: kernels are not used. CUDA takes ``mode="reduce-overhead"`` instead (torch.compile refuses
-#: a mode and options together).
-CPU_OPTIONS = {"cpp.vec_isa_ok": False}
 
 
 class CompiledPass:
@@ -134,10 +125,11 @@ class CompiledPass:
             finally:
                 density.parameters = every
 
-        how = {"mode": "reduce-overhead"} if self.cuda else {"options": CPU_OPTIONS}
+        how = {"mode": "reduce-overhead"} if self.cuda else {}
         values = [p.detach() for p in (every or {}).values()]
         try:
             traced = make_fx(pass_)(z.detach(), index, *values)
+            _prepare(traced)
             graph = traced
             if self.backend != "fx":
                 graph = torch.compile(traced, backend=self.backend, dynamic=False, **how)
@@ -208,6 +200,19 @@ class CompiledPass:
             compiled_shapes=[list(s) for s in self.shapes],
             compile_failure=self.failure,
         )
+
+
+def _prepare(traced: torch.fx.GraphModule) -> None:
+    """Drop the traced graph's dead nodes before Inductor sees it.
+
+    Pyro's trace leaves unused operations behind, among them an ``aten.nonzero`` (an output of
+    data-dependent shape). With one in the graph, Inductor's vectorized CPU kernels (torch
+    2.13, AVX2 and AVX-512 alike) return a wrong log density for 32 or more chains, a
+    different one on each call (values up to 1e17); without it they agree with eager to 1e-6.
+    ``benchmarks/BENCHMARKS.md`` ("Compiled K-chain density") has the bisection.
+    """
+    traced.graph.eliminate_dead_code()
+    traced.recompile()
 
 
 def compilable(model: torch.nn.Module) -> bool:

@@ -181,8 +181,8 @@ def fit_mcmc(
             graphs on a GPU), checked against the eager pass; True: always, False: never,
             None: for the MAP starts and the sampling each where their gradients would take
             at least ``compiled.PAYBACK_SECONDS`` (120 s) eager and the compiled gradient
-            then times faster than eager (on CPU: few chains, not many). A model that does not trace
-            or compile runs eager with a warning. ``record["density_path"]`` says which ran,
+            then times faster than eager. A model that does not trace or compile runs eager
+            with a warning. ``record["density_path"]`` says which ran,
             ``record["compile_seconds"]`` what compiling took.
         map_steps: MAP steps for the point-estimate parameters (unused when there are none).
         device: ``"auto"``, ``"cpu"``, ``"cuda"`` ...; CPU data is moved there.

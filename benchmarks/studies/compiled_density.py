@@ -33,6 +33,7 @@ import sys
 from collections.abc import Sequence
 
 import torch
+import torch._inductor.config
 
 from benchmarks.studies.many_chains import _timed
 from benchmarks.studies.nuts_vs_numpyro import MODEL, import_numpyro_port, load_data
@@ -143,6 +144,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--backend", default="inductor")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    torch._inductor.config.force_disable_caches = True  # compile seconds from cold, every run
     before = os.getloadavg()[0]
     theirs = numpyro_rates(args.ks, seconds=args.seconds)
     ours = torch_rates(args.ks, seconds=args.seconds, backend=args.backend)

@@ -20,6 +20,7 @@ Reproduce::
     pip install -e ".[bench]"
     python -m benchmarks.studies.compiled_density            # about 5 minutes of one core
     python -m benchmarks.studies.compiled_density --ks 1 64 --seconds 1   # quicker
+    python -m benchmarks.studies.compiled_density --predictive   # the predictive pass only
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import functools
 import os
 import resource
 import sys
+import time
 from collections.abc import Sequence
 
 import torch
@@ -109,6 +111,46 @@ def numpyro_rates(ks: Sequence[int], *, seconds: float) -> dict:
     return out
 
 
+def predictive_seconds(draws: Sequence[int] = (1, 10, 100), repeats: int = 5) -> dict:
+    """``{S: (eager s, compiled s)}`` of the digits default model's forward pass and likelihood
+    over its 450 test rows for ``S`` draws, without gradient: what a compiled ``predict`` pass
+    would save (traced and compiled as ``CompiledPass`` does)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from probtransformer.datasets import load
+    from probtransformer.inference.compiled import _prepare
+
+    test = load("digits").test
+    model = SequenceClassifier(test.x.shape[2], 10, test.x.shape[1]).eval()
+    density = VectorizedDensity(model, test.x, test.y, test.mask)
+    index = torch.arange(len(test))
+    out = {}
+
+    def eager(z):
+        return density._pass(z, index, 1.0, first=True, jac=True)
+
+    for num in draws:
+        z = prior_states(density, num)
+        with torch.no_grad():
+            traced = make_fx(eager)(z)
+            _prepare(traced)
+            compiled = torch.compile(traced, dynamic=False)
+            times = [_best_of(lambda f=f, z=z: f(z), repeats) for f in (eager, compiled)]
+        out[num] = tuple(times)
+        print(num, out[num], flush=True)
+    return out
+
+
+def _best_of(call, repeats: int) -> float:
+    call()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
 def markdown(ours: dict, theirs: dict, command: str, load: tuple[float, float]) -> str:
     ks = list(ours)
     single = theirs["single"]
@@ -142,9 +184,14 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--ks", type=int, nargs="+", default=list(KS))
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--backend", default="inductor")
+    parser.add_argument(
+        "--predictive", action="store_true", help="only the predictive pass, eager vs compiled"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     torch._inductor.config.force_disable_caches = True  # compile seconds from cold, every run
+    if args.predictive:
+        return predictive_seconds()
     before = os.getloadavg()[0]
     theirs = numpyro_rates(args.ks, seconds=args.seconds)
     ours = torch_rates(args.ks, seconds=args.seconds, backend=args.backend)

@@ -5,6 +5,7 @@ from probtransformer.inference.checkpoint import restore_svi_checkpoint, save_sv
 from probtransformer.inference.draws import Draws
 from probtransformer.inference.loading import load_posterior
 from probtransformer.inference.mcmc import fit_mcmc
+from probtransformer.inference.mile import fit_mile
 from probtransformer.inference.posterior import Posterior
 from probtransformer.inference.prediction import (
     PosteriorAttention,
@@ -27,6 +28,7 @@ __all__ = [
     "fit_map",
     "fit_mc_dropout",
     "fit_mcmc",
+    "fit_mile",
     "fit_svi",
     "load_posterior",
     "restore_svi_checkpoint",

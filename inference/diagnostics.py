@@ -15,9 +15,11 @@ import torch
 
 from probtransformer.attention import BayesMultiheadAttention
 from probtransformer.datasets import SequenceData
+from probtransformer.inference import modes
 from probtransformer.inference._arviz import az, ess, pareto_khat, rhat, rhat_nested
 from probtransformer.inference.arviz import superchain_ids, with_superchain
 from probtransformer.inference.guides import AmortizedGuide
+from probtransformer.inference.sampler_checks import sampler_lines, temperature_line
 from probtransformer.layers import BayesLinear
 
 #: Thresholds of the verdict (Vehtari et al. 2021 for R-hat/ESS; Vehtari et al. 2024 for k-hat).
@@ -25,12 +27,6 @@ RHAT_MAX = 1.01
 ESS_PER_CHAIN_MIN = 100
 PARETO_K_MAX = 0.7
 ELBO_CHANGE_PER_OBS_MAX = 0.01
-BFMI_MIN = 0.3  # Betancourt 2016
-#: A ChEES chain whose mean acceptance probability is below this is stuck.
-STUCK_ACCEPTANCE = 0.05
-#: MCLMC's energy-error variance per dimension above which its bias is flagged (10x the
-#: tuning target 5e-4 of Robnik et al. 2023).
-MCLMC_ENERGY_VAR_MAX = 5e-3
 
 #: Many-chain verdict: nested R-hat (Margossian et al. 2024) and pooled bulk ESS of ``lp`` and
 #: of the log-likelihoods of the first ``PROBE_OBS`` training rows, from ``MANY_CHAINS`` chains.
@@ -126,14 +122,23 @@ def diagnose(
     chains = idata.posterior.sizes["chain"]
     superchain = _superchains(posterior, chains)
     table = _variable_table(idata.posterior, superchain)
-    if superchain is not None:
-        table.attrs["predictive"] = _predictive(idata, superchain, posterior.model.likelihood_site)
-    many = superchain is not None and chains >= MANY_CHAINS
     record = posterior.record
+    site = posterior.model.likelihood_site
+    per_mode = superchain is not None and modes.by_mode(record)
+    if per_mode:
+        table.attrs["modes"] = modes.within_modes(idata, superchain, site)
+        if data is not None:
+            table.attrs["modes"]["between"] = modes.between_modes(
+                posterior, data, superchain, seed=seed
+            )
+    elif superchain is not None:
+        table.attrs["predictive"] = _predictive(idata, superchain, site)
+    many = superchain is not None and chains >= MANY_CHAINS and not per_mode
     verdict = [
         f"verdict ({record.get('method', '?')}, {chains} chain(s) x "
         f"{idata.posterior.sizes['draw']} draws"
         + (f", {len(np.unique(superchain))} superchains" if many else "")
+        + (f", {len(np.unique(superchain))} ensemble members" if per_mode else "")
         + (", PARTIAL: sampling was interrupted" if record.get("partial") else "")
         + "):"
     ]
@@ -156,8 +161,13 @@ def diagnose(
                 else ""
             )
         )
-    elif table["r_hat_max"].isna().all():
+    elif table["r_hat_max"].isna().all() and not per_mode:
         verdict.append("n/a   R-hat and ESS: too few draws per chain (need at least 4)")
+    elif per_mode:
+        if has_unit_symmetries(posterior.model):
+            verdict.extend(_weight_info(table, superchain))
+        figures = table.attrs["modes"]
+        verdict.extend(modes.verdict_lines(figures, figures.get("between"), _flag))
     elif many:
         verdict.extend(_many_chain_lines(table, superchain, has_unit_symmetries(posterior.model)))
     else:
@@ -172,7 +182,9 @@ def diagnose(
                 )
             )
     if "sample_stats" in idata.groups():
-        verdict.extend(_sampler_lines(idata.sample_stats, record, many))
+        verdict.extend(sampler_lines(idata.sample_stats, record, _flag, many=many or per_mode))
+    if record.get("method") == "mcmc":
+        verdict.append(temperature_line(record.get("temperature", 1.0)))
     elbo = record.get("elbo")
     if elbo:
         change = elbo_change_per_obs(elbo, record["num_data"])
@@ -318,25 +330,15 @@ def _many_chain_lines(table: pd.DataFrame, superchain: np.ndarray, symmetric: bo
     """Verdict lines for ``MANY_CHAINS`` or more chains: the predictive figures of
     ``table.attrs["predictive"]`` flagged; weight space as information when the model has
     head or unit symmetries (``has_unit_symmetries``), flagged by nested R-hat otherwise."""
-    num_superchains = len(np.unique(superchain))
     nested = table["nested_r_hat_max"].max()
-    weights = (
-        f"max R-hat {table['r_hat_max'].max():.3f}, max nested R-hat {nested:.3f} "
-        f"({num_superchains} superchains of {len(superchain) // num_superchains} chain(s)), min "
-        f"bulk ESS {table['ess_bulk_min'].min():.0f}, min tail ESS "
-        f"{table['ess_tail_min'].min():.0f}"
-    )
     if symmetric:
-        lines = [
-            "info  weight-space R-hat and ESS are information only: head and neuron symmetries "
-            "(permuted heads or hidden units compute the same function) let chains sit in "
-            "equivalent modes, which makes weight-space R-hat uninformative; the verdict checks "
-            "lp and probe log-likelihoods",
-            f"info  {weights}",
-        ]
+        lines = _weight_info(table, superchain)
     else:
         lines = [
-            _flag(nested > NESTED_RHAT_MAX, f"{weights} (flag nested R-hat > {NESTED_RHAT_MAX})")
+            _flag(
+                nested > NESTED_RHAT_MAX,
+                f"{_weights(table, superchain)} (flag nested R-hat > {NESTED_RHAT_MAX})",
+            )
         ]
     predictive = table.attrs["predictive"]
     for key, label, missing in (
@@ -369,73 +371,26 @@ def _many_chain_lines(table: pd.DataFrame, superchain: np.ndarray, symmetric: bo
     return lines
 
 
-def _sampler_lines(stats, record: dict, many: bool = False) -> list[str]:
-    """Verdict lines from MCMC ``sample_stats``: divergences, E-BFMI, tree-depth saturation.
+def _weights(table: pd.DataFrame, superchain: np.ndarray) -> str:
+    """Weight-space R-hat, nested R-hat and ESS of the table, in words."""
+    num_superchains = len(np.unique(superchain))
+    return (
+        f"max R-hat {table['r_hat_max'].max():.3f}, max nested R-hat "
+        f"{table['nested_r_hat_max'].max():.3f} ({num_superchains} superchains of "
+        f"{len(superchain) // num_superchains} chain(s)), min bulk ESS "
+        f"{table['ess_bulk_min'].min():.0f}, min tail ESS {table['ess_tail_min'].min():.0f}"
+    )
 
-    With ``many`` chains E-BFMI is summarised (min and count below ``BFMI_MIN``) instead of
-    listed per chain.
-    """
-    lines = []
-    if "diverging" in stats:
-        divergent = int(stats["diverging"].sum())
-        total = int(stats["diverging"].size)
-        lines.append(
-            _flag(
-                divergent > 0,
-                f"divergent transitions: {divergent} of {total}"
-                + ("; raise target_accept_prob or reparameterise" if divergent else ""),
-            )
-        )
-    if "energy" in stats:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            bfmi = np.atleast_1d(az.bfmi(stats))
-        low = int((bfmi < BFMI_MIN).sum())
-        shown = (
-            f"E-BFMI min {bfmi.min():.2f} over {bfmi.size} chains, {low} below {BFMI_MIN}"
-            if many
-            else f"E-BFMI per chain {', '.join(f'{b:.2f}' for b in bfmi)}"
-        )
-        lines.append(
-            "n/a   E-BFMI: too few draws per chain"
-            if np.isnan(bfmi).any()
-            else _flag(
-                low > 0,
-                f"{shown} (flag < {BFMI_MIN}: momentum resampling explores the energy poorly)",
-            )
-        )
-    if record.get("kernel") == "nuts" and "tree_depth" in stats:
-        limit = record.get("max_tree_depth")
-        saturated = int((stats["tree_depth"] >= limit).sum())
-        lines.append(
-            _flag(
-                saturated > 0,
-                f"transitions at max_tree_depth={limit}: {saturated}"
-                + ("; trajectories were cut short: raise max_tree_depth" if saturated else ""),
-            )
-        )
-    if record.get("kernel") == "chees" and "acceptance_rate" in stats:
-        per_chain = stats["acceptance_rate"].mean("draw").values
-        stuck = [int(c) for c in np.flatnonzero(per_chain < STUCK_ACCEPTANCE)]
-        lines.append(
-            _flag(
-                bool(stuck),
-                f"stuck chains (mean acceptance < {STUCK_ACCEPTANCE}): {len(stuck)} of "
-                f"{len(per_chain)}"
-                + (f" (chains {stuck[:10]}): start them elsewhere (init=)" if stuck else ""),
-            )
-        )
-    energy_var = record.get("energy_error_var_per_dim")
-    if record.get("kernel") == "mclmc" and energy_var is not None:
-        lines.append(
-            _flag(
-                not energy_var <= MCLMC_ENERGY_VAR_MAX,
-                f"MCLMC is unadjusted: energy-error variance per dimension {energy_var:.2g} "
-                f"(tuned towards 5e-4; flag > {MCLMC_ENERGY_VAR_MAX}: the step-size bias "
-                "grows with it)",
-            )
-        )
-    return lines
+
+def _weight_info(table: pd.DataFrame, superchain: np.ndarray) -> list[str]:
+    """Weight space as information: symmetries make its R-hat uninformative."""
+    return [
+        "info  weight-space R-hat and ESS are information only: head and neuron symmetries "
+        "(permuted heads or hidden units compute the same function) let chains sit in "
+        "equivalent modes, which makes weight-space R-hat uninformative; the verdict checks "
+        "lp and probe log-likelihoods",
+        f"info  {_weights(table, superchain)}",
+    ]
 
 
 def _variable_table(dataset, superchain: np.ndarray | None = None) -> pd.DataFrame:

@@ -1,4 +1,4 @@
-"""Running K chains through the draw dim: starts, the sampling loop, and what is kept.
+"""Running K chains through the draw dim: where they start, and what is kept.
 
 ``fit_mcmc(kernel="chees" | "mclmc")`` calls ``run_many_chains``. The K chains come from M
 starts (``num_starts``; K % M == 0): chain ``k`` starts at start ``k // (K / M)``, and the chains
@@ -12,14 +12,14 @@ that share a start form a *superchain* (Margossian et al. 2024, nested R-hat). S
 
 MAP here is the mode of the joint density of the constrained values (no log-Jacobian), the
 same objective as ``fit_svi(guide="delta")``, on mini-batches of ``MAP_BATCH_SIZE`` rows shared
-by the starts.
+by the starts. ``inference.chain_sampling`` runs the kernels from the starts; with
+``"ensemble"`` starts each superchain is tuned on its own (its own mode).
 """
 
 from __future__ import annotations
 
 import math
 import time
-import warnings
 from collections.abc import Callable
 
 import pyro
@@ -28,12 +28,13 @@ from pyro import poutine
 from tqdm.auto import tqdm
 
 from probtransformer.inference._runtime import pyro_scope, reinitialised_copy, seeded
+from probtransformer.inference.chain_sampling import KernelSettings, sample_chains
 from probtransformer.inference.compiled import CompiledPass, attach
-from probtransformer.inference.distributed import DataParallel, broadcast_state
+from probtransformer.inference.distributed import DataParallel
 from probtransformer.inference.engine import activation_bytes
-from probtransformer.inference.mclmc import MCLMC
+from probtransformer.inference.mclmc import BLACKJAX_TUNING, Tuning
 from probtransformer.inference.model_checks import DRAWS_DIM, DRAWS_PLATE
-from probtransformer.inference.samplers import ChainRNG, ChEES, check_dense_dim
+from probtransformer.inference.samplers import check_dense_dim
 from probtransformer.inference.schedule import lr_scheduler
 from probtransformer.inference.vectorized import VectorizedDensity
 
@@ -53,13 +54,6 @@ MAX_DRAW_BYTES = 2**31
 #: ``(K, D)`` copies the samplers hold at once: position, gradient, momentum, the proposal's
 #: position and gradient, velocity, the mass matrix's running sums (float64: two each).
 WORKING_COPIES = 10
-
-#: Gradients per ChEES transition or kept MCLMC draw, as the compile rule counts them (ChEES's
-#: initial trajectory is 10 leapfrog steps).
-GRADIENTS_PER_TRANSITION = 10
-
-#: Most integrator steps per kept MCLMC draw.
-MAX_MCLMC_STEPS_PER_DRAW = 256
 
 
 def draw_bytes(num_chains: int, num_samples: int, dim: int) -> int:
@@ -86,6 +80,9 @@ def run_many_chains(
     parallel: DataParallel | None = None,
     full_mass: bool = False,
     compile: bool | None = None,
+    tuning: Tuning = BLACKJAX_TUNING,
+    thinning: int | None = None,
+    temperature: float = 1.0,
 ) -> tuple[dict, dict | None, dict, dict]:
     """Sample ``model`` (eval mode, point estimates fixed) on ``train`` with K chains.
 
@@ -115,23 +112,12 @@ def run_many_chains(
         KeyboardInterrupt: Ctrl-C before the first kept draw.
     """
     start_time = time.perf_counter()
-    density = VectorizedDensity(model, train.x, train.y, train.mask)
+    density = VectorizedDensity(model, train.x, train.y, train.mask, temperature=temperature)
     if full_mass:  # before any MAP fit
         check_dense_dim(density.dim)
     names = [name for name, p in model.named_parameters() if p.requires_grad]
     per_start = bool(names) and init in ("map", "ensemble")
-    # per-start plain parameters are kept with every draw of their chains (posterior.members)
-    plain = sum(p.numel() for p in model.parameters() if p.requires_grad) if per_start else 0
-    kept = draw_bytes(num_chains, num_samples, density.dim + plain)
-    working = draw_bytes(num_chains, WORKING_COPIES, density.dim + plain)
-    working += 3 * activation_bytes(model, train.x[:1]) * num_chains  # a one-row pass, fwd + bwd
-    if kept + working > MAX_DRAW_BYTES:
-        raise ValueError(
-            f"{num_chains} chains x {num_samples} draws x {density.dim + plain} scalars "
-            f"({density.dim} latent, {plain} per-chain point estimates) would keep "
-            f"{kept / 2**30:.1f} GiB of draws and hold {working / 2**30:.1f} GiB of sampler "
-            f"state (limit {MAX_DRAW_BYTES / 2**30:.2g} GiB): use fewer chains or draws"
-        )
+    check_memory(density, num_chains, num_samples, per_start)
     device = train.x.device
     compiled = CompiledPass(density, progress=progress)
     with seeded(seed, device):
@@ -152,90 +138,35 @@ def run_many_chains(
                 lambda: density.log_density(starts, rows=rows, jacobian=False),
             )
             starts, _ = map_fit(density, starts, map_steps, progress=progress)
+    per_chain = num_chains // num_starts
     if per_start:  # each chain keeps its start's fitted values
         density.parameters = {
-            name: value.detach().repeat_interleave(num_chains // num_starts, dim=0)
+            name: value.detach().repeat_interleave(per_chain, dim=0)
             for name, value in density.parameters.items()
         }
-    z0 = starts.repeat_interleave(num_chains // num_starts, dim=0)
-    log_density = density.log_density
-    if parallel is not None:  # rank 0's starts and point estimates on every rank
-        shared = [z0, *model.parameters(), *(density.parameters or {}).values()]
-        broadcast_state(parallel, shared)
-        log_density = density.sharded(parallel)
-    _check_finite(density, z0)
-    # ChEES: about GRADIENTS_PER_TRANSITION leapfrog steps per transition; MCLMC: per kept draw
-    steps = max(30, num_warmup) if kernel == "mclmc" else num_warmup
-    calls = (steps + num_samples) * GRADIENTS_PER_TRANSITION
-    attach(compiled, compile, calls, lambda: log_density(z0))
-    superchain = [k // (num_chains // num_starts) for k in range(num_chains)]
-    start_seconds = time.perf_counter() - start_time
-
-    rng = ChainRNG(seed, num_chains, device)
-    if kernel == "chees":
-        sampler = ChEES(
-            log_density,
-            rng,
-            num_warmup,
-            step_size=step_size,
-            trajectory_length=trajectory_length,
-            target_accept_prob=target_accept_prob,
-            superchain=torch.tensor(superchain, device=device),
-            dense=full_mass,
-        )
-        draws = _chees_draws(sampler, z0, num_warmup, num_samples)
-    else:
-        sampler = MCLMC(log_density, rng)
-        draws = _mclmc_draws(sampler, z0, num_warmup, num_samples)
-    kept, stats, partial = [], {}, False
-    clock = {"warmup": time.perf_counter()}
-    path = "compiled" if density.compiled is not None else "eager"
-    with tqdm(
-        total=num_warmup + num_samples, disable=not progress, desc=f"{kernel} ({path})", leave=False
-    ) as bar:
-        try:
-            for z, draw_stats in draws:  # each warm-up step yields None
-                bar.update(1)
-                if z is None:
-                    clock["sampling"] = time.perf_counter()  # after the last warm-up step
-                    bar.set_postfix(step=f"{sampler.step_size:.3g}", refresh=False)
-                    continue
-                kept.append(z.detach().cpu())
-                _append(stats, **draw_stats)
-                bar.set_postfix(step=f"{sampler.step_size:.3g}", L=int(draw_stats["n_steps"][0]))
-        except KeyboardInterrupt:
-            if parallel is not None and not parallel.is_main:  # rank 0 keeps the run
-                raise KeyboardInterrupt(
-                    f"sampling interrupted on rank {parallel.rank}; rank 0 writes the draws "
-                    "kept so far if it was interrupted too"
-                ) from None
-            partial = True
-    if not kept:
-        raise KeyboardInterrupt("fit_mcmc was interrupted before the first draw was kept")
-    end = time.perf_counter()
-    sampling_start = clock.get("sampling", clock["warmup"])
-    z = torch.stack(kept, dim=1)  # (K, S, D)
-    chains, draws = z.shape[:2]
-    values = density.constrain(z.flatten(0, 1).to(torch.get_default_dtype()))
-    samples = {k: v.reshape(chains, draws, *v.shape[1:]) for k, v in values.items()}
-    record = dict(
-        num_starts=num_starts,
-        init=init,
-        superchain=superchain,
-        partial=partial,
-        chain_gradients=sampler.gradients,
-        start_seconds=start_seconds,
-        warmup_seconds=sampling_start - clock["warmup"],
-        sampling_seconds=end - sampling_start,
-        **{f"adapted_{k}": v for k, v in sampler.settings().items()},
-        **compiled.record(),
+    z0 = starts.repeat_interleave(per_chain, dim=0)
+    superchain = [k // per_chain for k in range(num_chains)]
+    settings = KernelSettings(
+        kernel=kernel,
+        num_warmup=num_warmup,
+        num_samples=num_samples,
+        step_size=step_size,
+        trajectory_length=trajectory_length,
+        target_accept_prob=target_accept_prob,
+        full_mass=full_mass,
+        tuning=tuning,
+        thinning=thinning,
+        per_start=init == "ensemble" and num_starts > 1,
     )
-    density.compiled = None
-    if kernel == "mclmc":
-        record.update(unadjusted=True, energy_error_var_per_dim=_energy_var(stats, density.dim))
+    samples, stats, record = sample_chains(
+        density, z0, superchain, settings, seed=seed, progress=progress, compiled=compiled,
+        compile=compile, parallel=parallel, start_time=start_time,
+    )  # fmt: skip
+    record.update(num_starts=num_starts, init=init)
     members = None
     record["point_estimates"] = None
     if per_start:
+        chains, draws = next(iter(samples.values())).shape[:2]
         members = {
             name: value[:, 0, None].expand(chains, draws, *value.shape[2:]).cpu()
             for name, value in density.parameters.items()
@@ -243,55 +174,30 @@ def run_many_chains(
         record["point_estimates"] = dict(
             method="map, per start", parameters=names, num_steps=map_steps, per_chain=True
         )
-    return samples, members, _columns(stats), record
+    return samples, members, stats, record
 
 
-def _chees_draws(sampler: ChEES, z0, num_warmup: int, num_samples: int):
-    """Yield ``(None, None)`` per warm-up transition, then ``(z (K, D), per-chain stats)`` per
-    kept transition."""
-    state = sampler.init(z0)
-    for t in range(num_warmup + num_samples):
-        state, move = sampler.step(state, adapt=t < num_warmup)
-        if t < num_warmup:
-            yield None, None
-            continue
-        yield (
-            state.z,
-            dict(
-                diverging=move.diverging,
-                acceptance_rate=move.accept_prob,
-                step_size=torch.full_like(state.lp, move.step_size),
-                n_steps=torch.full_like(state.lp, move.n_steps),
-                energy=move.energy,
-                lp=state.lp,
-            ),
-        )
+def check_memory(
+    density: VectorizedDensity, num_chains: int, num_samples: int, per_chain_parameters: bool
+) -> None:
+    """Refuse a run whose kept draws and sampler state would pass ``MAX_DRAW_BYTES``.
 
-
-def _mclmc_draws(sampler: MCLMC, z0, num_warmup: int, num_samples: int):
-    """Tune in ``max(30, num_warmup)`` integrator steps (yielding ``(None, None)`` for each of
-    ``num_warmup`` parts), then yield ``(z, per-chain stats)`` every ``ceil(L / step size)``
-    steps (at most ``MAX_MCLMC_STEPS_PER_DRAW``)."""
-    state, u = sampler.init(z0)
-    state, u = sampler.tune(state, u, max(30, num_warmup))
-    for _ in range(num_warmup):
-        yield None, None
-    steps = min(MAX_MCLMC_STEPS_PER_DRAW, max(1, math.ceil(sampler.L / sampler.step_size)))
-    for _ in range(num_samples):
-        errors = []
-        for _ in range(steps):
-            state, u, energy_change = sampler.step(state, u, sampler.step_size)
-            errors.append(energy_change)
-        errors = torch.stack(errors)
-        yield (
-            state.z,
-            dict(
-                diverging=~torch.isfinite(errors).all(0),
-                step_size=torch.full_like(state.lp, sampler.step_size),
-                n_steps=torch.full_like(state.lp, steps),
-                energy_error=errors.square().mean(0).sqrt(),  # RMS per step, nats
-                lp=state.lp,
-            ),
+    Raises:
+        ValueError: with the estimate and the limit.
+    """
+    model = density.model
+    plain = 0
+    if per_chain_parameters:  # kept with every draw of their chains (posterior.members)
+        plain = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    kept = draw_bytes(num_chains, num_samples, density.dim + plain)
+    working = draw_bytes(num_chains, WORKING_COPIES, density.dim + plain)
+    working += 3 * activation_bytes(model, density.x[:1]) * num_chains  # one row, fwd + bwd
+    if kept + working > MAX_DRAW_BYTES:
+        raise ValueError(
+            f"{num_chains} chains x {num_samples} draws x {density.dim + plain} scalars "
+            f"({density.dim} latent, {plain} per-chain point estimates) would keep "
+            f"{kept / 2**30:.1f} GiB of draws and hold {working / 2**30:.1f} GiB of sampler "
+            f"state (limit {MAX_DRAW_BYTES / 2**30:.2g} GiB): use fewer chains or draws"
         )
 
 
@@ -373,42 +279,12 @@ def map_fit(
     return z.detach(), lp.detach()
 
 
-def _check_finite(density: VectorizedDensity, z0: torch.Tensor) -> None:
-    """Name the first chain and site whose initial log density is not finite."""
-    sites = density.site_log_densities(z0)
-    bad = ~torch.stack([torch.isfinite(value) for value in sites.values()])  # (sites, K)
-    if bad.any():  # the first chain, then its first site (no Python loop over K chains)
-        k = int(bad.any(0).nonzero()[0])
-        name = list(sites)[int(bad[:, k].nonzero()[0])]
-        raise ValueError(
-            f"the log density of chain {k} is not finite at its initial state: site "
-            f"{name!r} gives {float(sites[name][k])}; check its prior and likelihood parameters "
-            "(and the data) for NaN/inf, or use another init"
-        )
-
-
-def _append(stats: dict, **values: torch.Tensor) -> None:
-    for name, value in values.items():
-        stats.setdefault(name, []).append(value.detach().cpu())
-
-
-def _columns(stats: dict) -> dict:
-    """``{stat: [[value per draw] per chain]}`` of the per-draw ``(K,)`` tensors."""
-    out = {}
-    for name, values in stats.items():
-        table = torch.stack(values, dim=1)  # (K, S)
-        out[name] = table.bool().tolist() if name == "diverging" else table.double().tolist()
-    return out
-
-
-def _energy_var(stats: dict, dim: int) -> float:
-    """Mean square energy error of one integrator step, per dimension (MCLMC's tuning target:
-    5e-4); NaN steps (kept states) left out."""
-    errors = torch.stack(stats["energy_error"]).double()
-    errors = errors[torch.isfinite(errors)]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return float(errors.square().mean() / dim) if errors.numel() else math.nan
-
-
-__all__ = ["INITS", "MAX_DRAW_BYTES", "draw_bytes", "map_fit", "prior_states", "run_many_chains"]
+__all__ = [
+    "INITS",
+    "MAX_DRAW_BYTES",
+    "check_memory",
+    "draw_bytes",
+    "map_fit",
+    "prior_states",
+    "run_many_chains",
+]

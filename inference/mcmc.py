@@ -39,6 +39,7 @@ from probtransformer.inference.mcmc_settings import (
     MANY_CHAIN_KERNELS,
     check_kernel_settings,
     check_starts,
+    check_temperature,
     sharding,
 )
 from probtransformer.inference.model_checks import check_sampled_sites, latent_sites
@@ -85,6 +86,7 @@ def fit_mcmc(
     full_mass: bool = False,
     jit_compile: bool = False,
     compile: bool | None = None,
+    temperature: float = 1.0,
     map_steps: int = 1000,
     device: str | torch.device = "auto",
     seed: int = 0,
@@ -184,6 +186,9 @@ def fit_mcmc(
             then times faster than eager. A model that does not trace or compile runs eager
             with a warning. ``record["density_path"]`` says which ran,
             ``record["compile_seconds"]`` what compiling took.
+        temperature: ChEES, MCLMC: ``T > 0``; the likelihood enters as ``p(y | θ)^(1 / T)``
+            (a tempered posterior; ``record["temperature"]``, shown by ``diagnose``). 1, the
+            default, is the Bayesian posterior.
         map_steps: MAP steps for the point-estimate parameters (unused when there are none).
         device: ``"auto"``, ``"cpu"``, ``"cuda"`` ...; CPU data is moved there.
         seed: seeds initialisation, MAP and sampling; same seed, same draws on one machine.
@@ -244,8 +249,10 @@ def fit_mcmc(
             jit_compile=jit_compile,
             compile=compile is not None,
             full_mass=full_mass,
+            temperature=temperature != 1,
         )
         check_compile(compile)
+        check_temperature(temperature)
         if trajectory_length is None and kernel == "hmc":
             trajectory_length = 2 * math.pi
         if target_accept_prob is None:
@@ -355,6 +362,7 @@ def fit_mcmc(
         full_mass=full_mass,
         jit_compile=jit_compile,
         compile=compile,
+        temperature=temperature,
     )
     if many:
         samples, members, stats, extra = run_many_chains(
@@ -375,6 +383,7 @@ def fit_mcmc(
             parallel=parallel,
             full_mass=full_mass,
             compile=compile,
+            temperature=temperature,
         )
         extra["parallel"] = False
         if parallel is not None:

@@ -3,6 +3,8 @@ and the process group that shards them."""
 
 from __future__ import annotations
 
+import math
+
 from probtransformer.inference.distributed import DataParallel, data_parallel
 from probtransformer.inference.many_chains import INITS
 from probtransformer.validation import check_int
@@ -40,7 +42,8 @@ def sharding(distributed: object, kernel: str, num_chains: int, device) -> DataP
 
 #: The settings that some kernels only read, and those kernels (MCLMC is unadjusted and tunes
 #: its own decoherence length; NUTS chooses its trajectories' lengths; NUTS and HMC trace
-#: their potential with the PyTorch JIT, the many-chain kernels compile their K-chain density).
+#: their potential with the PyTorch JIT, the many-chain kernels compile their K-chain density
+#: and temper its likelihood).
 #: The CLI's ``options.KERNEL_OPTIONS`` names the same, without torch.
 KERNEL_SETTINGS = {
     "target_accept_prob": ("nuts", "hmc", "chees"),
@@ -49,6 +52,7 @@ KERNEL_SETTINGS = {
     "jit_compile": ("nuts", "hmc"),
     "compile": ("chees", "mclmc"),
     "full_mass": ("nuts", "hmc", "chees"),
+    "temperature": ("chees", "mclmc"),
 }
 
 
@@ -83,3 +87,15 @@ def check_starts(kernel: str, init: object, num_starts: object, num_chains: int)
             f"init='map' starts every chain from one MAP fit, so num_starts must be 1, got "
             f"{num_starts}; use init='ensemble' for {num_starts} MAP fits"
         )
+
+
+def check_temperature(temperature: object) -> None:
+    """``temperature`` is a finite number > 0.
+
+    Raises:
+        ValueError: anything else, named.
+    """
+    if isinstance(temperature, bool) or not (
+        isinstance(temperature, (int, float)) and 0 < temperature < math.inf
+    ):
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")

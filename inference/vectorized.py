@@ -85,6 +85,8 @@ class VectorizedDensity:
             one per chain, used in place of them (``torch.func.functional_call``); the batched
             MAP fits of ``fit_ensemble`` optimise them with the latents. Every call then takes
             exactly K chains.
+        temperature: ``T > 0``: the likelihood enters as ``p(y | θ)^(1 / T)`` (a tempered
+            posterior, "cold" for T < 1; Wenzel et al. 2020); 1 is the Bayesian posterior.
 
     Attributes:
         sites: the ``LatentSite`` layout; ``dim``: ``D``, the unconstrained scalars per chain.
@@ -103,9 +105,11 @@ class VectorizedDensity:
         *,
         memory_budget: int | None = DEFAULT_MEMORY_BUDGET,
         parameters: dict[str, torch.Tensor] | None = None,
+        temperature: float = 1.0,
     ):
         self.model = model
         self.parameters = parameters
+        self.temperature = temperature
         self.x, self.y, self.mask = x, y, mask
         self.num_rows = x.shape[0]
         self.device = x.device
@@ -332,16 +336,19 @@ class VectorizedDensity:
 
     def _pass(self, z, index, scale: float, *, first: bool, jac: bool) -> torch.Tensor:
         """``(K,)`` log density of one pass: global priors (and Jacobians) on the first pass
-        only, the per-row terms scaled by ``scale``."""
+        only, the per-row terms scaled by ``scale`` (the likelihood by ``scale / temperature``).
+        """
         chains = len(z)
         values, jacobian = self._condition(z, index)
         trace = self._trace(values, index, chains)
         lp = jacobian if (first and jac) else torch.zeros_like(jacobian)
+        likelihood = self.model.likelihood_site
         for site in trace.nodes.values():
             if site["type"] != "sample":
                 continue
             if in_data_plate(site):
-                lp = lp + scale * _per_chain(site["log_prob"], chains)
+                weight = scale / self.temperature if site["name"] == likelihood else scale
+                lp = lp + weight * _per_chain(site["log_prob"], chains)
             elif first:
                 lp = lp + _per_chain(site["log_prob"], chains)
         return lp

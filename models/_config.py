@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 
 from probtransformer import priors
 from probtransformer.block import BAYESIAN_PARTS
+from probtransformer.circuits import PARAMETERIZATIONS
 from probtransformer.positional import POSITIONS
 from probtransformer.validation import check_int, check_sizes
 
@@ -76,6 +77,10 @@ class EncoderConfig:
     # 2017; every run saved before the option existed), "learned" absolute positions, "rotary"
     # (RoPE in self-attention), or "none" (with an ALiBiSlopePrior, or no positions at all).
     positions: str = "sinusoidal"
+    # How attention's latents are parameterized: "factors" (W_Q, W_K, W_V, W_O; every run saved
+    # before the option existed) or "circuits" (per-head W_QK and W_OV, no gauge symmetry
+    # between factors; takes attention_prior=None: W_QK carries the logit scale itself).
+    attention_parameterization: str = "factors"
     # Local token mixing: > 0 adds a depthwise convolution over this many steps before
     # attention in every block (probtransformer.block.ConvMixing); 0 (every run saved before the
     # option existed): none.
@@ -123,6 +128,11 @@ class EncoderConfig:
         for name in ("layer_norm", "hard_attention"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.attention_parameterization not in PARAMETERIZATIONS:
+            raise ValueError(
+                f"attention_parameterization must be one of {PARAMETERIZATIONS}, got "
+                f"{self.attention_parameterization!r}"
+            )
         if self.positions not in POSITIONS:
             raise ValueError(f"positions must be one of {POSITIONS}, got {self.positions!r}")
         if self.grid is not None and self.positions != "sinusoidal":
@@ -191,6 +201,7 @@ class EncoderConfig:
             layer_norm=self.layer_norm,
             hard_attention=self.hard_attention,
             rotary=self.positions == "rotary",
+            attention_parameterization=self.attention_parameterization,
             conv_kernel=self.conv_kernel,
         )
 
@@ -198,7 +209,8 @@ class EncoderConfig:
         """The encoder's part of the model protocol's JSON ``config`` (priors as dicts).
 
         ``grid``, ``layer_norm=False``, ``hard_attention=True``, ``positions`` other than
-        ``"sinusoidal"`` and ``conv_kernel`` other than 0 are recorded only when set, so configs
+        ``"sinusoidal"``, ``conv_kernel`` other than 0 and ``attention_parameterization`` other
+        than ``"factors"`` are recorded only when set, so configs
         saved before those options existed load as they are (a missing key means the old
         behaviour; ``TransformerModel.from_config`` fills it in).
         """
@@ -224,6 +236,8 @@ class EncoderConfig:
             config["positions"] = self.positions
         if self.conv_kernel:
             config["conv_kernel"] = self.conv_kernel
+        if self.attention_parameterization != "factors":
+            config["attention_parameterization"] = self.attention_parameterization
         return config
 
 
@@ -238,6 +252,7 @@ OPTIONS = (
     "layer_norm",
     "hard_attention",
     "positions",
+    "attention_parameterization",
     "conv_kernel",
     "bayesian",
     "weight_prior",
@@ -344,7 +359,10 @@ def check_fits_in_memory(config: EncoderConfig) -> None:
     if memory is None:
         return
     d, inputs = config.d_model, config.in_features or config.vocab_size
-    per_block = 4 * d * (d + 1) + 2 * d * config.d_ff + config.d_ff + d * (config.conv_kernel + 5)
+    attention = 4 * d * (d + 1)
+    if config.attention_parameterization == "circuits":
+        attention = 2 * config.num_heads * d * (d + 1) + d
+    per_block = attention + 2 * d * config.d_ff + config.d_ff + d * (config.conv_kernel + 5)
     weights = config.num_layers * per_block + 2 * inputs * d + config.max_len * d
     needed = 4 * copies * weights
     if needed > memory:

@@ -243,10 +243,7 @@ class BayesMultiheadAttention(PyroModule):
         self.dropout = Dropout(dropout)
         self.register_buffer("device_anchor", torch.zeros(()), persistent=False)
         self.register_buffer("head_active", torch.ones(num_heads, dtype=torch.bool))
-        if bayesian:
-            self.projection = PyroSample(_projection_prior)
-        else:
-            self.projection = nn.Parameter(torch.empty(4, d_model, d_model + 1))
+        self._make_projections()
         if priors.LogitScalePrior in self.priors:
             self.logit_scale = PyroSample(_logit_scale_prior)
         if priors.AttentionLogitPrior in self.priors:
@@ -265,6 +262,13 @@ class BayesMultiheadAttention(PyroModule):
             self.head_local_scale = PyroSample(_head_local_prior)
         self.reset_parameters()
         self.attention_weights: torch.Tensor | None = None
+
+    def _make_projections(self) -> None:
+        """The Q, K, V, O projections: one ``(4, d, d + 1)`` latent site, or a parameter."""
+        if self.bayesian:
+            self.projection = PyroSample(_projection_prior)
+        else:
+            self.projection = nn.Parameter(torch.empty(4, self.d_model, self.d_model + 1))
 
     def reset_parameters(self) -> None:
         """Re-draw point-estimate projections (Xavier-uniform weights, zero bias)."""
@@ -300,55 +304,16 @@ class BayesMultiheadAttention(PyroModule):
         Raises:
             ValueError: stochastic attention called outside a model's ``data_plate``.
         """
-        d, hs = self.d_model, self.d_head
         heads = self.head_active.nonzero().flatten()  # (H',)
         nh = len(heads)
-        proj = flatten_draws(self.projection, 3)  # (s, 4, d, d + 1)
         if nh == 0:  # every head switched off: the sublayer adds its output bias alone
-            S, N, Tq = proj.shape[0], query.shape[-3], query.shape[-2]
-            Tk = Tq if key_value is None else key_value.shape[-2]
+            Tk = query.shape[-2] if key_value is None else key_value.shape[-2]
+            bias = self._output_bias()  # (s, d)
+            S, N, Tq = bias.shape[0], query.shape[-3], query.shape[-2]
             self.attention_weights = query.new_zeros(S, N, self.num_heads, Tq, Tk)
-            return proj[:, 3, :, d].view(S, 1, 1, d).expand(S, N, Tq, d)
-        if nh < self.num_heads:  # pruned heads: drop their Q/K/V rows and O columns
-            rows = (heads[:, None] * hs + torch.arange(hs, device=heads.device)).flatten()
-            qkv = proj[:, :3].index_select(2, rows)  # (s, 3, d', d + 1)
-            out = torch.cat([proj[:, 3, :, rows], proj[:, 3, :, d:]], -1)  # (s, d, d' + 1)
-        else:
-            qkv, out = proj[:, :3], proj[:, 3]
-        di = nh * hs
-        s = proj.shape[0]
-        if key_value is None:
-            q, k, v = batched_affine(query, qkv.reshape(s, 3 * di, d + 1)).split(di, dim=-1)
-        else:
-            q = batched_affine(query, qkv[:, 0])
-            k, v = batched_affine(key_value, qkv[:, 1:].reshape(s, 2 * di, d + 1)).split(di, -1)
-        S, N, Tq, _ = q.shape
-        Tk = k.shape[-2]
-        q = q.view(S, N, Tq, nh, hs).transpose(2, 3)  # (S, N, H', Tq, hs)
-        k = k.view(k.shape[0], N, Tk, nh, hs).transpose(2, 3)  # (S, N, H', Tk, hs)
-        v = v.view(v.shape[0], N, Tk, nh, hs).transpose(2, 3)  # (S, N, H', Tk, hs)
-        # self-attention: the queries are the last Tq of the Tk steps (Tk > Tq with a cache)
-        cache = kv_cache.active() if key_value is None else None
-        first_query = 0 if cache is None else cache.offset
-        if self.rotary and key_value is None:
-            positions = torch.arange(first_query, first_query + Tq, device=q.device)
-            cos, sin = rotary_angles(positions, hs)
-            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        if cache is not None:  # the new steps attend to the cached ones too
-            if self.stochastic:
-                raise RuntimeError(
-                    "stochastic attention samples a (T, T) logit event per sequence, which a "
-                    "KV cache cannot extend step by step: decode without the cache"
-                )
-            k, v = cache.keys_values(self, k, v)
-            Tk = k.shape[-2]
-        # the scales go on the (Tq, d_head) queries rather than the (Tq, Tk) logits: same
-        # logits, fewer operations whenever T > d_head
-        scale = 1.0 / math.sqrt(hs)
-        if priors.LogitScalePrior in self.priors:
-            tau = _active(flatten_draws(self.logit_scale, 1), heads, self.num_heads)  # (s, H')
-            scale = tau.view(tau.shape[0], 1, nh, 1, 1) * scale
-        logits = (q * scale) @ k.transpose(-1, -2)  # (S, N, H', Tq, Tk)
+            return bias.view(S, 1, 1, -1).expand(S, N, Tq, self.d_model)
+        logits, keys, values, first_query = self._scores(query, key_value, heads)
+        S, N, _, Tq, Tk = logits.shape
         allowed = _allowed(key_padding_mask, attn_mask)
         prior_terms = 0.0
         if priors.ALiBiSlopePrior in self.priors:
@@ -375,7 +340,7 @@ class BayesMultiheadAttention(PyroModule):
             allowed = guided if allowed is None else allowed & guided
             logits = logits + guidance
         if self.stochastic:
-            logits = self._stochastic_logits(logits, k, prior_terms, allowed, heads)
+            logits = self._stochastic_logits(logits, keys, prior_terms, allowed, heads)
         weights = masked_softmax(logits, allowed)
         if self.hard:
             weights = _straight_through_top1(weights)
@@ -383,16 +348,87 @@ class BayesMultiheadAttention(PyroModule):
         if nh < self.num_heads:  # pruned heads keep their index, with weights 0
             self.attention_weights = weights.new_zeros(S, N, self.num_heads, Tq, Tk)
             self.attention_weights[:, :, heads] = weights.detach()
-        ctx = self.dropout(weights) @ v  # (S, N, H', Tq, hs)
+        ctx = self._attend(self.dropout(weights), values)  # (S, N, H', Tq, d_v)
         if self.head_prior is not None:
             gate = priors.HeadGatePrior.gate(
                 flatten_draws(self.head_global_scale, 0), flatten_draws(self.head_local_scale, 1)
             )[:, heads]  # (s, H')
             ctx = ctx * gate.view(gate.shape[0], 1, nh, 1, 1)
+        return self._combine(ctx, heads)
+
+    # -- what the parameterization decides: the logits, the values, the output ------------------
+
+    def _output_bias(self) -> torch.Tensor:
+        """``(s, d)`` the output projection's bias (the sublayer's output with every head off)."""
+        return flatten_draws(self.projection, 3)[:, 3, :, self.d_model]
+
+    def _scores(self, query, key_value, heads):
+        """The logits of the active ``heads`` and what the weights average: ``(logits (S, N,
+        H', Tq, Tk), keys (S, N, H', Tk, d_head), values (S, N, H', Tk, d_head), first_query)``,
+        ``first_query`` the position of the first query (past steps of a KV cache before)."""
+        d, hs = self.d_model, self.d_head
+        nh = len(heads)
+        proj = flatten_draws(self.projection, 3)  # (s, 4, d, d + 1)
+        if nh < self.num_heads:  # pruned heads: drop their Q/K/V rows
+            rows = (heads[:, None] * hs + torch.arange(hs, device=heads.device)).flatten()
+            qkv = proj[:, :3].index_select(2, rows)  # (s, 3, d', d + 1)
+        else:
+            qkv = proj[:, :3]
+        di = nh * hs
+        s = proj.shape[0]
+        if key_value is None:
+            q, k, v = batched_affine(query, qkv.reshape(s, 3 * di, d + 1)).split(di, dim=-1)
+        else:
+            q = batched_affine(query, qkv[:, 0])
+            k, v = batched_affine(key_value, qkv[:, 1:].reshape(s, 2 * di, d + 1)).split(di, -1)
+        S, N, Tq, _ = q.shape
+        Tk = k.shape[-2]
+        q = q.view(S, N, Tq, nh, hs).transpose(2, 3)  # (S, N, H', Tq, hs)
+        k = k.view(k.shape[0], N, Tk, nh, hs).transpose(2, 3)  # (S, N, H', Tk, hs)
+        v = v.view(v.shape[0], N, Tk, nh, hs).transpose(2, 3)  # (S, N, H', Tk, hs)
+        # self-attention: the queries are the last Tq of the Tk steps (Tk > Tq with a cache)
+        cache = kv_cache.active() if key_value is None else None
+        first_query = 0 if cache is None else cache.offset
+        if self.rotary and key_value is None:
+            positions = torch.arange(first_query, first_query + Tq, device=q.device)
+            cos, sin = rotary_angles(positions, hs)
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        if cache is not None:  # the new steps attend to the cached ones too
+            if self.stochastic:
+                raise RuntimeError(
+                    "stochastic attention samples a (T, T) logit event per sequence, which a "
+                    "KV cache cannot extend step by step: decode without the cache"
+                )
+            k, v = cache.keys_values(self, k, v)
+        # the scales go on the (Tq, d_head) queries rather than the (Tq, Tk) logits: same
+        # logits, fewer operations whenever T > d_head
+        scale = 1.0 / math.sqrt(hs)
+        if priors.LogitScalePrior in self.priors:
+            tau = _active(flatten_draws(self.logit_scale, 1), heads, self.num_heads)  # (s, H')
+            scale = tau.view(tau.shape[0], 1, nh, 1, 1) * scale
+        logits = (q * scale) @ k.transpose(-1, -2)  # (S, N, H', Tq, Tk)
+        return logits, k, v, first_query
+
+    def _attend(self, weights: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """``weights (S, N, H', Tq, Tk) @ values (S, N, H', Tk, d_head)``."""
+        return weights @ values
+
+    def _combine(self, ctx: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
+        """The output ``(S, N, Tq, d)`` of the heads' contexts ``ctx (S, N, H', Tq, d_head)``:
+        the heads side by side through the output projection."""
+        d, hs, nh = self.d_model, self.d_head, len(heads)
+        proj = flatten_draws(self.projection, 3)  # (s, 4, d, d + 1)
+        if nh < self.num_heads:  # pruned heads: drop their O columns
+            rows = (heads[:, None] * hs + torch.arange(hs, device=heads.device)).flatten()
+            out = torch.cat([proj[:, 3, :, rows], proj[:, 3, :, d:]], -1)  # (s, d, d' + 1)
+        else:
+            out = proj[:, 3]
+        S, N, _, Tq, _ = ctx.shape
+        di = nh * hs
         # (S, N, Tq, d' + 1): the heads side by side and a column of ones for the output bias,
         # written in one copy (batched_affine would copy once more to append the ones)
-        ctx_one = ctx.new_empty(ctx.shape[0], N, Tq, di + 1)
-        ctx_one[..., :di].view(ctx.shape[0], N, Tq, nh, hs).copy_(ctx.transpose(2, 3))
+        ctx_one = ctx.new_empty(S, N, Tq, di + 1)
+        ctx_one[..., :di].view(S, N, Tq, nh, hs).copy_(ctx.transpose(2, 3))
         ctx_one[..., di] = 1.0
         return batched_linear(ctx_one, out)
 

@@ -99,6 +99,22 @@ class ConvMixing(PyroModule):
         return out + bias.view(bias.shape[0], *ones, bias.shape[-1])
 
 
+def attention_class(parameterization: str) -> type[BayesMultiheadAttention]:
+    """The attention module of a parameterization (``circuits.PARAMETERIZATIONS``).
+
+    Raises:
+        ValueError: an unknown one, named.
+    """
+    from probtransformer.circuits import PARAMETERIZATIONS, CircuitAttention
+
+    if parameterization not in PARAMETERIZATIONS:
+        raise ValueError(
+            f"attention_parameterization must be one of {PARAMETERIZATIONS}, got "
+            f"{parameterization!r}"
+        )
+    return CircuitAttention if parameterization == "circuits" else BayesMultiheadAttention
+
+
 class TransformerBlock(PyroModule):
     """Attention + feed-forward, each wrapped in a residual connection and LayerNorm.
 
@@ -117,6 +133,9 @@ class TransformerBlock(PyroModule):
         layer_norm: False replaces every LayerNorm by the identity.
         hard_attention: attention takes the value of its top-scoring key only.
         rotary: self-attention rotates queries and keys by position (RoPE).
+        attention_parameterization: ``"factors"`` (``BayesMultiheadAttention``: latent W_Q,
+            W_K, W_V, W_O) or ``"circuits"`` (``circuits.CircuitAttention``: latent per-head
+            W_QK, W_OV, free of the factors' gauge symmetry).
         conv_kernel: > 0 adds a first sublayer of local token mixing, a ``ConvMixing`` over
             this many steps (causal with ``causal``); 0: none.
         causal: the block belongs to a causal stack (its convolution looks back only).
@@ -147,6 +166,7 @@ class TransformerBlock(PyroModule):
         layer_norm: bool = True,
         hard_attention: bool = False,
         rotary: bool = False,
+        attention_parameterization: str = "factors",
         conv_kernel: int = 0,
         causal: bool = False,
     ) -> None:
@@ -154,7 +174,7 @@ class TransformerBlock(PyroModule):
         self.norm_first = norm_first
         self.layer_norm = layer_norm
         self.bayesian = bayesian
-        self.attention = BayesMultiheadAttention(
+        self.attention = attention_class(attention_parameterization)(
             d_model,
             num_heads,
             bayesian="attention" in bayesian,
@@ -249,7 +269,10 @@ class DecoderBlock(TransformerBlock):
             for spec in priors.attention_specs(kwargs.get("attention_prior"))
             if isinstance(spec, priors.LogitScalePrior)
         )
-        self.cross_attention = BayesMultiheadAttention(
+        cross = attention_class(kwargs.get("attention_parameterization", "factors"))
+        if cross is not BayesMultiheadAttention:  # circuits take no logit scale
+            cross_priors = ()
+        self.cross_attention = cross(
             d_model,
             num_heads,
             bayesian="attention" in bayesian,

@@ -28,6 +28,7 @@ SCHEMES = {
     "conv": {"conv_kernel": 3},
     "guidance": {"attention_prior": priors.AttentionLogitPrior(priors.LocalWindow(3))},
     "hard": {"hard_attention": True},
+    "circuits": {"attention_parameterization": "circuits", "attention_prior": None},
     "latent-everything": {"bayesian": ("embedding", "attention", "ffn", "norm", "head")},
 }
 

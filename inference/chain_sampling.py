@@ -115,6 +115,7 @@ def sample_chains(
             target_accept_prob=settings.target_accept_prob,
             superchain=groups,
             dense=settings.full_mass,
+            per_superchain=settings.per_start,
         )
         draws = _chees_draws(sampler, z0, settings.num_warmup, settings.num_samples)
     else:
@@ -199,8 +200,8 @@ def _chees_draws(sampler: ChEES, z0, num_warmup: int, num_samples: int):
             dict(
                 diverging=move.diverging,
                 acceptance_rate=move.accept_prob,
-                step_size=torch.full_like(state.lp, move.step_size),
-                n_steps=torch.full_like(state.lp, move.n_steps),
+                step_size=move.step_size.to(state.lp),
+                n_steps=move.n_steps.to(state.lp),
                 energy=move.energy,
                 lp=state.lp,
             ),

@@ -33,8 +33,8 @@ from probtransformer.inference.compiled import CompiledPass, attach
 from probtransformer.inference.distributed import DataParallel
 from probtransformer.inference.engine import activation_bytes
 from probtransformer.inference.mclmc import BLACKJAX_TUNING, Tuning
+from probtransformer.inference.metric import check_dense_dim
 from probtransformer.inference.model_checks import DRAWS_DIM, DRAWS_PLATE
-from probtransformer.inference.samplers import check_dense_dim
 from probtransformer.inference.schedule import lr_scheduler
 from probtransformer.inference.vectorized import VectorizedDensity
 
@@ -156,7 +156,8 @@ def run_many_chains(
         full_mass=full_mass,
         tuning=tuning,
         thinning=thinning,
-        per_start=init == "ensemble" and num_starts > 1,
+        # MCLMC tunes each member's chains apart; ChEES needs 2+ chains per member to centre
+        per_start=init == "ensemble" and num_starts > 1 and (kernel == "mclmc" or per_chain > 1),
     )
     samples, stats, record = sample_chains(
         density, z0, superchain, settings, seed=seed, progress=progress, compiled=compiled,

@@ -176,7 +176,7 @@ def fit_mcmc(
             ``trajectory_length / step_size`` and change as the step size adapts; None: 2π);
             ChEES's initial trajectory length (None: 10 steps).
         full_mass: adapt a dense mass matrix instead of a diagonal one (NUTS, HMC, ChEES;
-            ChEES: at most ``samplers.MAX_DENSE_DIM`` unconstrained scalars).
+            ChEES: at most ``metric.MAX_DENSE_DIM`` unconstrained scalars).
         jit_compile: trace the potential energy with the PyTorch JIT (NUTS, HMC).
         compile: ChEES, MCLMC: evaluate the K-chain log density and its gradient as one
             ``torch.compile``d graph traced from the model (``inference.compiled``; CUDA

@@ -128,6 +128,11 @@ def fit_mile(
     check_int("num_warmup", num_warmup, minimum=0, type_error=True)
     if kernel == "mclmc" and num_warmup < 30:
         raise ValueError(f"MCLMC tunes in num_warmup >= 30 steps, got {num_warmup}")
+    if kernel == "chees" and chains_per_member < 2:
+        raise ValueError(
+            "kernel='chees' adapts each member's trajectory length from the spread of its "
+            f"chains: chains_per_member must be >= 2, got {chains_per_member}"
+        )
     if not isinstance(tuning, Tuning):
         raise TypeError(f"tuning must be an mclmc.Tuning, got {type(tuning).__name__}")
     check_temperature(temperature)

@@ -6,9 +6,11 @@
   size by dual averaging (Hoffman & Gelman 2014) on the harmonic mean of the chains'
   acceptance probabilities, the trajectory length by Adam on the ChEES criterion, and a
   diagonal (or dense) mass matrix from the moments pooled over chains and window draws (Stan's
-  windows). Both use moments within superchains (chains sharing a start): chains from
-  different MAP starts sit in different modes, and centring them on one mean measures the
-  distance between the modes, not the posterior's scale around each.
+  windows; ``inference.metric``). Both use moments within superchains (chains sharing a
+  start): chains from different MAP starts sit in different modes, and centring them on one
+  mean measures the distance between the modes, not the posterior's scale around each. With
+  ``per_superchain`` every superchain adapts its own step size, trajectory length and mass
+  matrix, as each ensemble member's chains do in MILE (Sommer et al. 2025).
   References: BlackJAX ``chees_adaptation``, TFP ``GradientBasedTrajectoryLengthAdaptation``.
 - ``MCLMC`` (``inference.mclmc``), the unadjusted microcanonical kernel, shares ``ChainRNG``
   and ``ChainState``.
@@ -26,6 +28,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from probtransformer.inference.metric import (
+    centered,
+    check_dense_dim,
+    regularized_covariance,
+    regularized_variance,
+    warmup_windows,
+)
+
 #: The ChEES target of the harmonic-mean acceptance probability (Beskos et al. 2013's optimum,
 #: BlackJAX's default).
 CHEES_TARGET_ACCEPT = 0.651
@@ -36,10 +46,6 @@ MOVING_ACCEPTANCE = 0.05
 
 #: An energy error above this many nats is a divergent transition (Stan, Pyro).
 MAX_ENERGY_ERROR = 1000.0
-
-#: The most unconstrained scalars a dense mass matrix is adapted for: it holds D x D float64
-#: numbers and each leapfrog step multiplies the K chains' momenta by it.
-MAX_DENSE_DIM = 4096
 
 
 class ChainRNG:
@@ -86,9 +92,10 @@ def halton(index: int, base: int = 2) -> float:
 @dataclass
 class DualAveraging:
     """Nesterov dual averaging of ``log x`` towards a target statistic (Hoffman & Gelman 2014,
-    §3.2, with Stan's constants ``gamma=0.05, t0=10, kappa=0.75``)."""
+    §3.2, with Stan's constants ``gamma=0.05, t0=10, kappa=0.75``); ``mu`` and the errors may
+    be ``(G,)`` tensors, one average per group."""
 
-    mu: float
+    mu: float | torch.Tensor
     gamma: float = 0.05
     t0: float = 10.0
     kappa: float = 0.75
@@ -96,7 +103,7 @@ class DualAveraging:
     error_sum: float = 0.0
     log_x_avg: float = 0.0
 
-    def update(self, error: float) -> float:
+    def update(self, error):
         """Take ``error = target - statistic``; return the new ``log x``."""
         self.t += 1
         self.error_sum += error
@@ -106,99 +113,16 @@ class DualAveraging:
         return log_x
 
 
-def warmup_windows(num_warmup: int) -> list[tuple[int, int]]:
-    """``(start, end)`` transitions (1-based, start exclusive) of the mass-matrix windows:
-    Stan's schedule (initial buffer 75, windows 25, 50, 100, ..., final buffer 50), scaled to
-    15% / 65% / 20% of a short warm-up (the step size settles in the final buffer); none below
-    20 transitions."""
-    if num_warmup < 20:
-        return []
-    start, end = 75, num_warmup - 50
-    if start + 25 > end:
-        start, end = int(0.15 * num_warmup), int(0.8 * num_warmup)
-    windows, size = [], 25
-    while start < end:
-        stop = start + size
-        if stop + 2 * size > end:  # the last window runs to the end buffer
-            stop = end
-        windows.append((start, stop))
-        start, size = stop, 2 * size
-    return windows
-
-
-def regularized_variance(
-    total: torch.Tensor, squares: torch.Tensor, n: int, groups: torch.Tensor | None = None
-) -> torch.Tensor:
-    """Stan's regularised diagonal metric ``n/(n+5) var + 1e-3 * 5/(n+5)`` from per-chain sums
-    of ``n`` draws each and of their squares (``(K, D)`` each, float64).
-
-    ``var`` is the variance within the ``groups`` (``(K,)`` superchain indices; None: one
-    group), pooled over them: chains of different superchains may sit in different modes, and
-    the distance between modes is not the posterior's scale within one."""
-    if groups is None:
-        groups = torch.zeros(len(total), dtype=torch.long, device=total.device)
-    counts = torch.bincount(groups).to(total.dtype)
-    group_total = total.new_zeros(len(counts), total.shape[1]).index_add_(0, groups, total)
-    used = counts > 0
-    between = (group_total[used].square() / (n * counts[used, None])).sum(0)
-    squared_deviation = squares.sum(0) - between
-    draws = n * len(total)
-    var = squared_deviation / max(draws - int(used.sum()), 1)
-    return (draws / (draws + 5.0) * var + 1e-3 * 5.0 / (draws + 5.0)).clamp_min(1e-8)
-
-
-def check_dense_dim(dim: int) -> None:
-    """Refuse a dense metric for more than ``MAX_DENSE_DIM`` unconstrained scalars.
-
-    Raises:
-        ValueError: ``dim > MAX_DENSE_DIM``, with the metric's size.
-    """
-    if dim > MAX_DENSE_DIM:
-        raise ValueError(
-            f"a dense mass matrix is adapted for at most {MAX_DENSE_DIM} unconstrained "
-            f"scalars; this posterior has {dim} (its metric would take "
-            f"{dim**2 * 8 / 2**20:.0f} MiB): use the diagonal one (full_mass=False)"
-        )
-
-
-def regularized_covariance(draws: torch.Tensor, groups: torch.Tensor | None) -> torch.Tensor:
-    """Stan's regularised dense metric ``n/(n+5) Σ + 1e-3 * 5/(n+5) I`` from window ``draws``
-    ``(n, K, D)``, ``Σ`` the covariance within the ``groups`` (``(K,)`` superchain indices;
-    None: one group) pooled over them. ``(D, D)`` float64.
-
-    No shrinkage towards the diagonal: it would add the long directions' variance to the narrow
-    ones, the directions a dense metric is for (a ridge of sds 10 and 0.1 would get a metric
-    several times too wide across it, and a step size to match). Directions a window has not
-    explored get a small variance, which slows them but keeps the leapfrog stable."""
-    n, chains, dim = draws.shape
-    x = draws.double()
-    chain_means = x.mean(0)
-    x = (x - (chain_means - centered(chain_means, groups))).reshape(n * chains, dim)
-    num_groups = 1 if groups is None else len(torch.unique(groups))
-    total = n * chains
-    covariance = x.T @ x / max(total - num_groups, 1)
-    eye = torch.eye(dim, dtype=covariance.dtype, device=covariance.device)
-    return total / (total + 5.0) * covariance + 1e-3 * 5.0 / (total + 5.0) * eye
-
-
-def centered(x: torch.Tensor, groups: torch.Tensor | None) -> torch.Tensor:
-    """``x`` ``(K, D)`` less the mean of its row's group (``(K,)`` indices; None: of all rows)."""
-    if groups is None:
-        return x - x.mean(0)
-    counts = torch.bincount(groups).clamp_min(1).to(x.dtype)
-    means = x.new_zeros(len(counts), x.shape[1]).index_add_(0, groups, x) / counts[:, None]
-    return x - means[groups]
-
-
 @dataclass
 class Transition:
-    """What one many-chain transition gives, per chain ``(K,)``."""
+    """What one many-chain transition gives, per chain ``(K,)``: acceptance probability,
+    divergence, initial energy, leapfrog steps and step size."""
 
     accept_prob: torch.Tensor
     diverging: torch.Tensor
     energy: torch.Tensor
-    n_steps: int
-    step_size: float
+    n_steps: torch.Tensor
+    step_size: torch.Tensor
 
 
 @dataclass
@@ -228,19 +152,24 @@ class ChEES:
         superchain: ``(K,)`` index of each chain's superchain (the chains that share a
             start); the ChEES criterion and the mass matrix use moments within superchains
             when each has two chains or more. None: all chains are one.
-        dense: adapt a dense mass matrix (``regularized_covariance`` of each window's draws)
-            instead of a diagonal one: for posteriors whose narrow directions are not along
-            the axes (weight symmetries, a softmax head's shift), where a diagonal metric
-            forces the step size down to the narrowest of them. At most ``MAX_DENSE_DIM``
-            unconstrained scalars. A window with fewer than twice as many draws (chains x
-            transitions) as scalars adapts the diagonal instead: its covariance would be
-            rank-deficient and freeze the directions it missed.
+        dense: adapt a dense mass matrix (``metric.regularized_covariance`` of each window's
+            draws) instead of a diagonal one: for posteriors whose narrow directions are not
+            along the axes (weight symmetries, a softmax head's shift), where a diagonal metric
+            forces the step size down to the narrowest of them. At most
+            ``metric.MAX_DENSE_DIM`` unconstrained scalars. A window with fewer than twice as
+            many draws (chains x transitions) as scalars adapts the diagonal instead: its
+            covariance would be rank-deficient and freeze the directions it missed.
+        per_superchain: each superchain adapts its own step size, trajectory length and mass
+            matrix from its own chains (at least two each); the superchains' trajectories run
+            together, those with fewer leapfrog steps waiting for the longest. False: one
+            adaptation for all chains.
 
     Raises:
-        ValueError: ``dense`` for a density of more than ``MAX_DENSE_DIM`` scalars (at
-            ``init``).
+        ValueError: ``dense`` for a density of more than ``metric.MAX_DENSE_DIM`` scalars (at
+            ``init``); ``per_superchain`` with a superchain of one chain.
 
     Attributes:
+        step_size: ``(G,)`` float64, per superchain (one value without ``per_superchain``).
         gradients: chain-gradients evaluated so far (leapfrog steps times chains).
     """
 
@@ -257,52 +186,92 @@ class ChEES:
         learning_rate: float = 0.05,
         superchain: torch.Tensor | None = None,
         dense: bool = False,
+        per_superchain: bool = False,
     ) -> None:
         self.density = density
         self.rng = rng
         self.num_warmup = num_warmup
-        self.step_size = step_size
+        self.initial_step_size = step_size
         self.trajectory_length = trajectory_length
         self.target_accept_prob = target_accept_prob
         self.max_leapfrog_steps = max_leapfrog_steps
         self.learning_rate = learning_rate
+        if per_superchain and (superchain is None or int(torch.bincount(superchain).min()) < 2):
+            raise ValueError(
+                "per_superchain adaptation needs two or more chains in every superchain (the "
+                "ChEES criterion centres each on its superchain's mean)"
+            )
         if superchain is not None and int(torch.bincount(superchain).min()) < 2:
             superchain = None  # a lone chain has no spread around its superchain's mean
         self.superchain = superchain
+        self.per_superchain = per_superchain
         self.dense = dense
         self.t = 0
         self.gradients = 0
+
+    # -- groups: the superchains adapted apart (one group without per_superchain) ----------------
+
+    def _chains(self, per_group: torch.Tensor, dtype) -> torch.Tensor:
+        """``(K, 1)`` per-chain values of ``(G,)`` per-group ones."""
+        return per_group.to(self.groups.device)[self.groups][:, None].to(dtype)
+
+    def _harmonic_means(self, accept: torch.Tensor, diverging: torch.Tensor) -> torch.Tensor:
+        """``(G,)`` harmonic mean acceptance of each group's chains that did not diverge (0
+        where every one diverged)."""
+        return torch.tensor(
+            [
+                _harmonic_mean(accept[self.groups == g], diverging[self.groups == g])
+                for g in range(self.num_groups)
+            ],
+            dtype=torch.float64,
+        )
 
     def init(self, z: torch.Tensor) -> ChainState:
         """The state at ``z`` ``(K, D)``; searches a reasonable initial step size."""
         if self.dense:
             check_dense_dim(z.shape[1])
+        chains = len(z)
+        if self.per_superchain:
+            self.groups = self.superchain
+        else:
+            self.groups = torch.zeros(chains, dtype=torch.long, device=z.device)
+        self.num_groups = int(self.groups.max()) + 1
         lp, grad = self.density(z)
         state = ChainState(z, lp, grad)
-        self.inv_mass = torch.ones(z.shape[1], device=z.device, dtype=z.dtype)
-        self.covariance = self._cholesky = None  # the dense metric, once adapted
+        self.inv_mass = torch.ones_like(z)  # (K, D): each chain its group's
+        self.covariance = self._cholesky = None  # the dense metric, (G, D, D), once adapted
         self._windows = warmup_windows(self.num_warmup)
         self._sums = None
+        self.step_size = torch.full(
+            (self.num_groups,), float(self.initial_step_size), dtype=torch.float64
+        )
         self._restart_step_size(state)
-        T = self.trajectory_length or 10 * self.step_size
-        self.log_T = self.log_T_avg = math.log(T)
-        self._adam_v = 0.0
+        if self.trajectory_length is None:  # 10 of the searched steps
+            self.log_T = torch.log(10 * self.step_size)
+        else:
+            self.log_T = torch.full_like(self.step_size, math.log(self.trajectory_length))
+        self.log_T_avg = self.log_T.clone()
+        self._adam_v = torch.zeros(self.num_groups, dtype=torch.float64)
         return state
 
     def _restart_step_size(self, state: ChainState) -> None:
-        """Double or halve the step size until one leapfrog step's harmonic-mean acceptance
-        crosses 0.5 (Hoffman & Gelman 2014, Algorithm 4), then restart dual averaging."""
-        eps, direction = self.step_size, 0
+        """Double or halve each group's step size until one leapfrog step's harmonic-mean
+        acceptance crosses 0.5 (Hoffman & Gelman 2014, Algorithm 4), then restart dual
+        averaging."""
+        eps = self.step_size.clone()
+        direction = torch.zeros(self.num_groups, dtype=torch.long)  # 0: not yet chosen
+        searching = torch.ones(self.num_groups, dtype=torch.bool)
+        one = torch.ones(len(state.z), dtype=torch.long, device=state.z.device)
         for _ in range(50):
-            accept, log_accept, *_ = self._trajectory(state, self._momentum(state), eps, 1)
-            high = _harmonic_mean(accept, ~(log_accept > -MAX_ENERGY_ERROR)) > 0.5
-            if direction == 0:
-                direction = 1 if high else -1
-            elif (direction == 1) != high:
+            accept, log_accept, *_ = self._trajectory(state, self._momentum(state), eps, one)
+            high = self._harmonic_means(accept, ~(log_accept > -MAX_ENERGY_ERROR)) > 0.5
+            direction = torch.where(direction == 0, torch.where(high, 1, -1), direction)
+            searching &= (direction == 1) == high
+            if not searching.any():
                 break
-            eps = eps * 2.0 if direction == 1 else eps / 2.0
+            eps = torch.where(searching, torch.where(direction == 1, eps * 2, eps / 2), eps)
         self.step_size = eps
-        self._da = DualAveraging(mu=math.log(10 * eps))
+        self._da = DualAveraging(mu=torch.log(10 * eps))
 
     def _momentum(self, state: ChainState) -> torch.Tensor:
         """Fresh momenta ``(K, D)`` ~ N(0, M), M the inverse of the metric (the posterior
@@ -310,23 +279,43 @@ class ChEES:
         xi = self.rng.normal(state.z.shape[1], state.z.dtype)
         if self._cholesky is None:
             return xi / self.inv_mass.sqrt()
-        return torch.linalg.solve_triangular(self._cholesky, xi, upper=False, left=False)
+        p = torch.empty_like(xi)
+        for g in range(self.num_groups):
+            rows = self.groups == g
+            p[rows] = torch.linalg.solve_triangular(
+                self._cholesky[g], xi[rows], upper=False, left=False
+            )
+        return p
 
     def _velocity(self, p: torch.Tensor) -> torch.Tensor:
         """``M^{-1} p`` of each chain's momentum."""
-        return self.inv_mass * p if self.covariance is None else p @ self.covariance
+        if self.covariance is None:
+            return self.inv_mass * p
+        velocity = torch.empty_like(p)
+        for g in range(self.num_groups):
+            rows = self.groups == g
+            velocity[rows] = p[rows] @ self.covariance[g]
+        return velocity
 
-    def _trajectory(self, state: ChainState, p: torch.Tensor, eps: float, steps: int):
-        """Leapfrog ``steps`` steps for every chain; ``(accept_prob, log_accept, energy0,
-        proposal, final velocity)``, the energies in nats."""
+    def _trajectory(self, state: ChainState, p: torch.Tensor, eps, steps: torch.Tensor):
+        """Leapfrog ``steps`` ``(K,)`` steps of each chain at its group's step size ``eps``
+        ``(G,)`` (the chains step together; one that has taken its steps waits); ``(accept_prob,
+        log_accept, energy0, proposal, final velocity)``, the energies in nats."""
+        eps = self._chains(eps, state.z.dtype)  # (K, 1)
         energy0 = -state.lp + 0.5 * (p * self._velocity(p)).sum(1)
         z, lp, grad = state.z, state.lp, state.grad
         p = p + 0.5 * eps * grad
-        for i in range(steps):
-            z = z + eps * self._velocity(p)
-            lp, grad = self.density(z)
-            p = p + (eps if i < steps - 1 else 0.5 * eps) * grad
-        self.gradients += steps * len(z)
+        longest = int(steps.max())
+        for i in range(longest):
+            moving = (i < steps)[:, None]
+            z_new = z + eps * self._velocity(p)
+            lp_new, grad_new = self.density(z_new)
+            kick = torch.where(i < steps - 1, 1.0, 0.5)[:, None].to(eps.dtype) * eps
+            p = torch.where(moving, p + kick * grad_new, p)
+            z = torch.where(moving, z_new, z)
+            lp = torch.where(moving[:, 0], lp_new, lp)
+            grad = torch.where(moving, grad_new, grad)
+        self.gradients += longest * len(z)
         velocity = self._velocity(p)
         log_accept = energy0 - (-lp + 0.5 * (p * velocity).sum(1))
         log_accept = torch.where(torch.isfinite(log_accept), log_accept, -math.inf)
@@ -337,11 +326,12 @@ class ChEES:
         """One transition of every chain (jittered trajectory, Metropolis correction per
         chain); adapts the step size, trajectory length and mass matrix when ``adapt``."""
         self.t += 1
-        T = math.exp(self.log_T if adapt else self.log_T_avg)
+        T = torch.exp(self.log_T if adapt else self.log_T_avg)
         eps = self.step_size
         jitter = halton(self.t)
         # capped before ceil: a huge trajectory length over a small step overflows int
-        steps = max(1, math.ceil(min(jitter * T / eps, self.max_leapfrog_steps)))
+        per_group = torch.ceil((jitter * T / eps).clamp(max=self.max_leapfrog_steps)).clamp(min=1)
+        steps = per_group.long().to(self.groups.device)[self.groups]  # (K,)
         accept, log_accept, energy0, proposal, velocity = self._trajectory(
             state, self._momentum(state), eps, steps
         )
@@ -356,40 +346,46 @@ class ChEES:
             self._adapt(state, proposal, velocity, accept, diverging, jitter)
             self._adapt_mass(new, accept)
             if self.t == self.num_warmup:
-                self.step_size = math.exp(self._da.log_x_avg)
-        return new, Transition(accept, diverging, energy0, steps, eps)
+                self.step_size = torch.exp(self._da.log_x_avg)
+        move = Transition(
+            accept, diverging, energy0, steps, self._chains(eps, torch.float64).squeeze(1)
+        )
+        return new, move
 
     def _adapt(self, state, proposal, velocity, accept, diverging, jitter) -> None:
-        # the step size: dual averaging on the harmonic-mean acceptance of the chains that did
-        # not diverge (as BlackJAX): one stuck chain would otherwise drive it to 0 for all
-        hm = _harmonic_mean(accept, diverging)
-        self.step_size = math.exp(self._da.update(self.target_accept_prob - hm))
+        # the step size: dual averaging on each group's harmonic-mean acceptance of the chains
+        # that did not diverge (as BlackJAX): one stuck chain would otherwise drive it to 0
+        hm = self._harmonic_means(accept, diverging)
+        self.step_size = torch.exp(self._da.update(self.target_accept_prob - hm))
         # the trajectory length: Adam ascent of the ChEES criterion, acceptance-weighted
         ok = ~diverging & torch.isfinite(proposal.z).all(1) & torch.isfinite(velocity).all(1)
-        if ok.sum() < 2 or float(accept[ok].sum()) <= 0:
-            return
-        z0, z1, v1, a = state.z[ok], proposal.z[ok], velocity[ok], accept[ok]
-        groups = None if self.superchain is None else self.superchain[ok]
-        c0, c1 = centered(z0, groups), centered(z1, groups)
-        T = math.exp(self.log_T)
-        per_chain = (c1.square().sum(1) - c0.square().sum(1)) * (c1 * v1).sum(1)
-        gradient = float((a * jitter * T * per_chain).sum() / a.sum())  # d ChEES / d log T
-        if not math.isfinite(gradient):
-            return
-        self._adam_v = 0.5 * self._adam_v + 0.5 * gradient**2
-        change = self.learning_rate * gradient / (math.sqrt(self._adam_v) + 1e-12)
-        self.log_T = min(
-            self.log_T + max(-0.35, min(0.35, change)),
-            math.log(self.max_leapfrog_steps * self.step_size),
-        )
-        self.log_T_avg = 0.9 * self.log_T_avg + 0.1 * self.log_T
+        groups = None if self.superchain is None else self.superchain
+        c0, c1 = centered(state.z, groups), centered(proposal.z, groups)
+        T = torch.exp(self.log_T).to(self.groups.device)[self.groups].to(accept.dtype)
+        per_chain = (c1.square().sum(1) - c0.square().sum(1)) * (c1 * velocity).sum(1)
+        weighted = torch.where(ok, accept * jitter * T * per_chain, 0.0).double()
+        weights = torch.where(ok, accept, 0.0).double()
+        for g in range(self.num_groups):
+            rows = (self.groups == g) & ok
+            if rows.sum() < 2 or float(weights[rows].sum()) <= 0:
+                continue
+            gradient = float(weighted[rows].sum() / weights[rows].sum())  # d ChEES / d log T
+            if not math.isfinite(gradient):
+                continue
+            self._adam_v[g] = 0.5 * self._adam_v[g] + 0.5 * gradient**2
+            change = self.learning_rate * gradient / (math.sqrt(self._adam_v[g]) + 1e-12)
+            self.log_T[g] = min(
+                float(self.log_T[g]) + max(-0.35, min(0.35, change)),
+                math.log(self.max_leapfrog_steps * float(self.step_size[g])),
+            )
+            self.log_T_avg[g] = 0.9 * self.log_T_avg[g] + 0.1 * self.log_T[g]
 
     def _adapt_mass(self, state: ChainState, accept: torch.Tensor) -> None:
-        """Sum every chain's positions over the current window; at its end, set the inverse
-        mass matrix to the regularised variance within superchains, pooled over the chains
-        that moved (mean acceptance >= ``MOVING_ACCEPTANCE``; every chain if fewer than two
-        did), and restart the step-size adaptation. A stuck chain would add its distance from
-        the others."""
+        """Sum every chain's positions over the current window; at its end, set each group's
+        inverse mass matrix to the regularised variance within superchains, pooled over the
+        group's chains that moved (mean acceptance >= ``MOVING_ACCEPTANCE``; all of them if
+        fewer than two did), and restart the step-size adaptation. A stuck chain would add its
+        distance from the others."""
         if not self._windows:
             return
         start, end = self._windows[0]
@@ -406,27 +402,40 @@ class ChEES:
         n = self.t - start
         if self.t == end:
             total, squares, accepted, window = self._sums
-            moving = accepted / n >= MOVING_ACCEPTANCE
-            if moving.sum() < 2:
-                moving = torch.ones_like(moving)
-            groups = None if self.superchain is None else self.superchain[moving]
-            # a dense estimate needs more window draws than dimensions; below that it is
-            # rank-deficient and would freeze the unexplored directions: keep the diagonal
-            if self.dense and n * int(moving.sum()) > 2 * state.z.shape[1]:
-                covariance = regularized_covariance(torch.stack(window)[:, moving], groups)
+            dim = state.z.shape[1]
+            dense = []
+            for g in range(self.num_groups):
+                rows = self.groups == g
+                moving = rows & (accepted / n >= MOVING_ACCEPTANCE)
+                if moving.sum() < 2:
+                    moving = rows
+                groups = None if self.superchain is None else self.superchain[moving]
+                pooled = regularized_variance(total[moving], squares[moving], n, groups)
+                self.inv_mass[rows] = pooled.to(state.z.dtype)
+                # a dense estimate needs more window draws than dimensions; below that it is
+                # rank-deficient and would freeze the unexplored directions: keep the diagonal
+                if self.dense and n * int(moving.sum()) > 2 * dim:
+                    dense.append(regularized_covariance(torch.stack(window)[:, moving], groups))
+            if len(dense) == self.num_groups:
+                covariance = torch.stack(dense)  # (G, D, D)
                 self._cholesky = torch.linalg.cholesky(covariance).to(state.z.dtype)
                 self.covariance = covariance.to(state.z.dtype)
             else:
-                pooled = regularized_variance(total[moving], squares[moving], n, groups)
-                self.inv_mass = pooled.to(state.z.dtype)
                 self.covariance = self._cholesky = None
             self._windows.pop(0)
             self._sums = None
             self._restart_step_size(state)
 
     def settings(self) -> dict:
-        """The adapted step size and trajectory length (for the record)."""
-        return dict(step_size=self.step_size, trajectory_length=math.exp(self.log_T_avg))
+        """The adapted step size and trajectory length (floats; lists, one per superchain, when
+        they adapt apart), for the record."""
+
+        def shown(values: torch.Tensor):
+            return values.tolist() if self.per_superchain else float(values[0])
+
+        return dict(
+            step_size=shown(self.step_size), trajectory_length=shown(torch.exp(self.log_T_avg))
+        )
 
 
 def _harmonic_mean(accept: torch.Tensor, diverging: torch.Tensor) -> float:
@@ -438,4 +447,4 @@ def _harmonic_mean(accept: torch.Tensor, diverging: torch.Tensor) -> float:
     return float(1.0 / (1.0 / kept.clamp_min(1e-10)).mean())
 
 
-__all__ = ["CHEES_TARGET_ACCEPT", "MAX_DENSE_DIM", "ChEES", "ChainRNG", "ChainState", "Transition"]
+__all__ = ["CHEES_TARGET_ACCEPT", "ChEES", "ChainRNG", "ChainState", "Transition"]

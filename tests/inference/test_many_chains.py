@@ -28,6 +28,7 @@ from probtransformer.inference import (
     load_posterior,
     many_chains,
     mclmc,
+    metric,
     samplers,
 )
 from probtransformer.inference.samplers import ChainRNG
@@ -183,7 +184,8 @@ def test_the_metropolis_correction_keeps_a_standard_normal_exact_at_a_large_step
     z0 = torch.randn(chains, 2, generator=torch.Generator().manual_seed(0))
     sampler = samplers.ChEES(lambda z: (-0.5 * z.square().sum(1), -z), ChainRNG(0, chains, CPU), 0)
     state = sampler.init(z0)
-    sampler.step_size, sampler.log_T_avg = 1.9, math.log(3 * 1.9)  # 1 to 3 leapfrog steps
+    sampler.step_size = torch.tensor([1.9], dtype=torch.float64)
+    sampler.log_T_avg = torch.tensor([math.log(3 * 1.9)], dtype=torch.float64)  # 1-3 steps
     accept = []
     for _ in range(20):
         state, move = sampler.step(state, adapt=False)
@@ -222,10 +224,45 @@ def test_chees_adapts_within_superchains_started_in_different_modes(superchains)
     assert torch.equal(state.z[:16] < 0, torch.ones(16, 2, dtype=torch.bool))  # no mode switch
     if superchains:
         assert ((sampler.inv_mass > 0.5) & (sampler.inv_mass < 2.0)).all(), sampler.inv_mass
-        assert sampler.step_size > 0.5, sampler.step_size
+        assert float(sampler.step_size) > 0.5, sampler.step_size
     else:
         assert (sampler.inv_mass > 50.0).all(), sampler.inv_mass
-        assert sampler.step_size < 0.3, sampler.step_size
+        assert float(sampler.step_size) < 0.3, sampler.step_size
+
+
+def test_chees_per_superchain_adapts_each_mode_to_its_own_width():
+    """Two superchains of 16 chains in Gaussians of sd 1 and 0.01 (two ensemble members in
+    modes of different widths): adapted apart, each superchain's mass matrix is its own mode's
+    variance and the draws keep each mode's scale; the chains of both run together."""
+    chains = 32
+    superchain = torch.arange(chains) // 16
+    scale = torch.where(superchain == 0, 1.0, 0.01)[:, None]
+
+    def widths(z):
+        return -0.5 * (z / scale).square().sum(1), -z / scale**2
+
+    sampler = samplers.ChEES(
+        widths, ChainRNG(0, chains, CPU), 150, superchain=superchain, per_superchain=True
+    )
+    state = sampler.init(torch.zeros(chains, 2))
+    draws = []
+    for t in range(250):
+        state, move = sampler.step(state, adapt=t < 150)
+        if t >= 150:
+            draws.append(state.z)
+    z = torch.stack(draws, 1)
+    assert sampler.step_size.shape == (2,) and len(sampler.settings()["step_size"]) == 2
+    assert (
+        0.5 < float(sampler.inv_mass[0].mean()) < 2
+        and 5e-5 < float(sampler.inv_mass[-1].mean()) < 2e-4
+    )
+    assert float(z[:16].std()) == pytest.approx(1.0, rel=0.15)
+    assert float(z[16:].std()) == pytest.approx(0.01, rel=0.15)
+    assert torch.equal(move.step_size[:16], move.step_size[0].expand(16))
+    with pytest.raises(ValueError, match="two or more chains in every superchain"):
+        samplers.ChEES(
+            widths, ChainRNG(0, 2, CPU), 10, superchain=torch.tensor([0, 1]), per_superchain=True
+        )
 
 
 #: A narrow Gaussian ridge off the axes: sds 10 and 0.1 along the diagonals.
@@ -288,7 +325,7 @@ def test_the_dense_metric_is_the_covariance_within_superchains():
     draws = torch.randn(500, 8, 2, generator=generator) @ chol.T  # (n, K, D)
     groups = torch.arange(8) // 4
     draws = draws + 50.0 * groups[None, :, None]
-    covariance = samplers.regularized_covariance(draws, groups)
+    covariance = metric.regularized_covariance(draws, groups)
     assert covariance.dtype == torch.float64
     assert torch.allclose(covariance.float(), RIDGE_COVARIANCE, atol=2.0), covariance
     narrow = RIDGE_ROTATION[:, 1].double()
@@ -296,9 +333,9 @@ def test_the_dense_metric_is_the_covariance_within_superchains():
 
 
 def test_a_dense_metric_over_its_dimension_limit_is_refused_with_its_size():
-    dim = samplers.MAX_DENSE_DIM + 1
+    dim = metric.MAX_DENSE_DIM + 1
     sampler = samplers.ChEES(ridge, ChainRNG(0, 2, CPU), 10, dense=True)
-    with pytest.raises(ValueError, match=f"at most {samplers.MAX_DENSE_DIM}.*has {dim}.*MiB"):
+    with pytest.raises(ValueError, match=f"at most {metric.MAX_DENSE_DIM}.*has {dim}.*MiB"):
         sampler.init(torch.zeros(2, dim))
 
 
@@ -306,7 +343,7 @@ def test_fit_mcmc_refuses_a_dense_metric_over_the_limit_before_its_map_starts(
     small, monkeypatch, no_sampling
 ):
     monkeypatch.setattr(many_chains, "map_fit", lambda *a, **k: pytest.fail("MAP fits ran"))
-    monkeypatch.setattr(samplers, "MAX_DENSE_DIM", 2)  # the regression has 3 latents
+    monkeypatch.setattr(metric, "MAX_DENSE_DIM", 2)  # the regression has 3 latents
     with pytest.raises(ValueError, match="at most 2 unconstrained scalars; this posterior has 3"):
         fit_mcmc(
             BayesianLinearRegression(2), small, kernel="chees", full_mass=True, init="map",

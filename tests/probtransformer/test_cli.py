@@ -487,7 +487,10 @@ def test_chees_fit_takes_the_preset_kernel_and_init(chees_run):
     assert {"jit_compile", "max_tree_depth", "trajectory_length"}.isdisjoint(record)
     # every leapfrog step is one gradient of every chain
     assert record["chain_gradients"] > 0 and record["chain_gradients"] % CHEES_CHAINS == 0
-    assert record["adapted_step_size"] > 0 and record["adapted_trajectory_length"] > 0
+    # ensemble starts adapt each superchain apart: one step size and length per start
+    assert len(record["adapted_step_size"]) == len(record["adapted_trajectory_length"])
+    assert len(record["adapted_step_size"]) == CHEES_STARTS
+    assert min(record["adapted_step_size"] + record["adapted_trajectory_length"]) > 0
 
     post = load_posterior(run_dir / "posterior")
     per_start = CHEES_CHAINS // CHEES_STARTS

@@ -39,7 +39,7 @@ def _capped(fit, caps):
     def run(*args, **kwargs):
         for key, cap in caps.items():
             kwargs[key] = min(kwargs.get(key, cap), cap)
-        return fit(*args, progress=False, **kwargs)
+        return fit(*args, **{**kwargs, "progress": False})
 
     return run
 

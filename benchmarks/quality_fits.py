@@ -69,6 +69,9 @@ CHEES_STEPS_PER_TRANSITION = 15
 CHEES_MAP_SHARE = 0.4  # of the planned seconds for the MAP starts at most
 MIN_CHEES_WARMUP = 10  # warm-up transitions however tight the budget
 MIN_CHEES_DRAWS = 5  # kept draws per chain however tight the budget
+#: The MILE rows' goal: at most this many times the batched ensemble's fit seconds (the
+#: ensemble's own seconds included). They run fixed sizes (``Sizes.mile_*``), never cut.
+MILE_COST_RATIO = 10.0
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,13 @@ class Sizes:
         chees_map_steps: Adam steps of the MAP starts at most.
         chees_warmup: ChEES warm-up transitions at most.
         chees_draws: ChEES kept draws per chain at most.
+        mile_members: ensemble members of the MILE rows (``fit_mile``).
+        mile_chains: chains per member.
+        mile_warmup: MCLMC tuning steps per chain (``mile``, ``mile-circuits``).
+        mile_draws: kept draws per chain.
+        mile_thinning: MCLMC integrator steps per kept draw.
+        permember_warmup: ChEES warm-up transitions per chain (``chees-permember``).
+        permember_draws: ChEES kept draws per chain.
     """
 
     datasets: tuple[str, ...] = tuple(SETUPS)
@@ -132,6 +142,13 @@ class Sizes:
     chees_map_steps: int = 1000
     chees_warmup: int = 60
     chees_draws: int = 20
+    mile_members: int = ENSEMBLE_MEMBERS
+    mile_chains: int = 2
+    mile_warmup: int = 2000
+    mile_draws: int = 100
+    mile_thinning: int = 10
+    permember_warmup: int = 100
+    permember_draws: int = 50
 
 
 FULL = Sizes()
@@ -150,6 +167,12 @@ QUICK = Sizes(
     chees_map_steps=5,
     chees_warmup=3,
     chees_draws=3,
+    mile_members=2,
+    mile_warmup=30,
+    mile_draws=3,
+    mile_thinning=2,
+    permember_warmup=3,
+    permember_draws=3,
 )
 
 
@@ -380,4 +403,87 @@ def fit_chees(
         "mean_leapfrog_steps_sampling": float(kept_steps.mean()),
         "nested_rhat_lp": float(array_stats.rhat_nested(stats["lp"], superchain)),
         "settings": settings,
+    }
+
+
+def fit_route(
+    method: str,
+    model,
+    train: SequenceData,
+    setup: Setup,
+    ensemble: Posterior | None,
+    sizes: Sizes,
+    seed: int,
+    ctx: Context,
+    *,
+    reference_seconds: float | None = None,
+) -> tuple[Posterior, dict]:
+    """A MILE row: ``fit_mile`` from ``ensemble`` (the batched ensemble row's posterior of the
+    same data and seed) or, without one, from a batched ensemble it fits with the optimised
+    methods' settings; MCLMC (``mile``, ``mile-circuits``) or ChEES (``chees-permember``). Its
+    fit seconds count the ensemble's; the row records them against the batched ensemble's
+    (``ensemble_ratio``; goal ``MILE_COST_RATIO``), the within-mode R-hat and bulk ESS of the
+    log density (``inference.modes``, worst over the members), the tuning per member and the
+    spread between members. ``reference_seconds``: the batched ensemble row's fit seconds, the
+    ratio's denominator (None: this row's own ensemble's)."""
+    from probtransformer.inference import fit_ensemble, fit_mile, modes
+    from probtransformer.inference._arviz import az
+
+    optimised = optimised_settings(train, setup, seed, ctx)
+    ensemble_options = dict(
+        num_steps=sizes.num_steps or setup.num_steps, batch_size=optimised["batch_size"],
+        lr=setup.lr, lr_decay=setup.lr_decay,
+    )  # fmt: skip
+    if ensemble is None:
+        start = time.perf_counter()
+        ensemble = fit_ensemble(
+            model, train, n_members=sizes.mile_members, seed=seed, progress=False,
+            device=ctx.device, **ensemble_options,
+        )  # fmt: skip
+        ensemble_seconds = time.perf_counter() - start
+        basis = "fitted by this row"
+    else:
+        ensemble_seconds = ensemble.record["seconds"]
+        basis = "the ensemble-batched row's, this process"
+    chees = method == "chees-permember"
+    settings = dict(
+        kernel="chees" if chees else "mclmc",
+        chains_per_member=sizes.mile_chains,
+        num_warmup=sizes.permember_warmup if chees else sizes.mile_warmup,
+        num_samples=sizes.permember_draws if chees else sizes.mile_draws,
+        thinning=sizes.mile_thinning,
+        seed=seed,
+        progress=False,
+    )
+    with warnings.catch_warnings():  # quick runs warm up briefly, on purpose
+        warnings.filterwarnings("ignore", message="num_warmup=.* is short")
+        start = time.perf_counter()
+        post = fit_mile(model, train, ensemble=ensemble, **settings)
+    sampling_seconds = time.perf_counter() - start
+    record = post.record
+    stats = {k: np.asarray(v) for k, v in record["sample_stats"].items()}  # (chain, draw)
+    superchain = np.asarray(record["superchain"])
+    within = modes.within_modes(az.from_dict(sample_stats={"lp": stats["lp"]}), superchain, "y")
+    fit_seconds = ensemble_seconds + sampling_seconds
+    ratio = fit_seconds / (reference_seconds or ensemble_seconds)
+    return post, {
+        "fit_seconds": fit_seconds,
+        "ensemble_seconds": ensemble_seconds,
+        "ensemble_basis": basis,
+        "sampling_seconds": sampling_seconds,
+        "ensemble_ratio": ratio,
+        "within_cost_ratio": ratio <= MILE_COST_RATIO,
+        "budget_cut": False,
+        "num_chains": record["num_chains"],
+        "num_draws": settings["num_samples"],
+        "chain_gradients": record["chain_gradients"],
+        "density_path": record["density_path"],
+        "compile_seconds": record["compile_seconds"],
+        "divergences": int(stats["diverging"].sum()),
+        "adapted_step_size": record["adapted_step_size"],
+        "energy_error_var_per_dim": record.get("energy_error_var_per_dim_by_start"),
+        "mean_acceptance": float(stats["acceptance_rate"].mean()) if chees else None,
+        "within_mode_r_hat_lp": within["lp"]["r_hat"],
+        "within_mode_ess_lp": within["lp"]["ess_bulk"],
+        "settings": {**settings, **ensemble_options, "members": record["n_members"]},
     }

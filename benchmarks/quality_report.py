@@ -288,6 +288,8 @@ def _chees_reading(groups: dict[str, dict[str, list[dict]]], method: str) -> str
     rows = [row for methods in groups.values() for row in methods.get(method, [])]
     if not rows:
         return None
+    # one step size per row, or one per superchain where the starts adapted apart
+    steps = [float(v) for row in rows for v in np.atleast_1d(row["adapted_step_size"])]
     return (
         f"- **{method} against the ensemble** (the goal: mean NLL within, and mean OOD AUROC by "
         "entropy within, the larger seed sd of the two (at least 0.005) of the ensemble's, at "
@@ -295,8 +297,7 @@ def _chees_reading(groups: dict[str, dict[str, list[dict]]], method: str) -> str
         + ("; ".join(verdicts) if verdicts else "no ensemble rows to compare")
         + f". Over {len(rows)} rows: {sum(r['divergences'] for r in rows)} divergent "
         f"transitions, mean acceptance {np.mean([r['mean_acceptance'] for r in rows]):.2f}, "
-        f"adapted step size {min(r['adapted_step_size'] for r in rows):.2g}-"
-        f"{max(r['adapted_step_size'] for r in rows):.2g}, "
+        f"adapted step size {min(steps):.2g}-{max(steps):.2g}, "
         f"{min(r['mean_leapfrog_steps_sampling'] for r in rows):.0f}-"
         f"{max(r['mean_leapfrog_steps_sampling'] for r in rows):.0f} leapfrog steps per kept "
         "transition, nested R-hat of the log density "

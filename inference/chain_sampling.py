@@ -129,7 +129,7 @@ def sample_chains(
     total = settings.num_warmup + settings.num_samples
     with tqdm(total=total, disable=not progress, desc=f"{kernel} ({path})", leave=False) as bar:
         try:
-            for z, draw_stats in draws:  # each warm-up step yields None
+            for z, draw_stats in draws:  # each warm-up transition or tuning step yields None
                 bar.update(1)
                 if z is None:
                     clock["sampling"] = time.perf_counter()  # after the last warm-up step
@@ -158,7 +158,7 @@ def sample_chains(
         partial=partial,
         per_start_tuning=settings.per_start,
         chain_gradients=sampler.gradients,
-        start_seconds=clock["warmup"] - (clock["warmup"] if start_time is None else start_time),
+        start_seconds=0.0 if start_time is None else clock["warmup"] - start_time,
         warmup_seconds=sampling_start - clock["warmup"],
         sampling_seconds=end - sampling_start,
         **{f"adapted_{k}": v for k, v in sampler.settings().items()},
@@ -209,12 +209,11 @@ def _chees_draws(sampler: ChEES, z0, num_warmup: int, num_samples: int):
 
 
 def _mclmc_draws(sampler: MCLMC, z0, settings: KernelSettings):
-    """Tune in ``max(30, num_warmup)`` integrator steps (yielding ``(None, None)`` for each of
-    ``num_warmup`` parts), then yield ``(z, per-chain stats)`` every ``thinning`` steps."""
+    """Tune in ``max(30, num_warmup)`` integrator steps, yielding ``(None, None)`` after each
+    (about ``num_warmup`` in all), then yield ``(z, per-chain stats)`` every ``thinning``
+    steps."""
     state, u = sampler.init(z0)
-    state, u = sampler.tune(state, u, max(30, settings.num_warmup))
-    for _ in range(settings.num_warmup):
-        yield None, None
+    state, u = yield from sampler.tuning_steps(state, u, max(30, settings.num_warmup))
     steps = settings.thinning
     if steps is None:
         slowest = float((sampler.L / sampler.step_size).max())

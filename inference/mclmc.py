@@ -207,9 +207,19 @@ class MCLMC:
 
     # -- tuning ---------------------------------------------------------------------------------
 
-    def tune(self, state: ChainState, u: torch.Tensor, tune_steps: int, progress=None):
+    def tune(self, state: ChainState, u: torch.Tensor, tune_steps: int):
         """Tune every group in ``tune_steps`` integrator steps (>= 30; see the class
         docstring); returns ``(state, u)``."""
+        steps = self.tuning_steps(state, u, tune_steps)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def tuning_steps(self, state: ChainState, u: torch.Tensor, tune_steps: int):
+        """``tune`` as a generator: yields ``(None, None)`` after each tuning step (for a
+        progress bar), and returns ``(state, u)``."""
         tuning = self.tuning
         share1, share2, share3 = tuning.phases
         n1 = max(10, int(share1 * tune_steps))
@@ -219,11 +229,11 @@ class MCLMC:
         adapt = _StepSizeAdaptation(self, n1 + n2 + 1)
         for _ in range(n1):
             state, u = adapt.step(state, u)
-            _tick(progress)
+            yield None, None
         moments = _Moments(self)
         for _ in range(n2):
             state, u = adapt.step(state, u, moments)
-            _tick(progress)
+            yield None, None
         variance = moments.variance()  # (G, D)
         if tuning.diagonal_preconditioning:
             self.sigma = variance.sqrt()[self.groups.cpu()].to(self.sigma)
@@ -237,7 +247,7 @@ class MCLMC:
         for _ in range(n3):
             state, u, _ = self.step(state, u)
             draws.append(state.z)
-            _tick(progress)
+            yield None, None
         self.L = tuning.L_factor * self.step_size * self._steps_per_effective_draw(draws)
         return state, u
 
@@ -373,11 +383,6 @@ class _Moments:
         mean = self.total / weights.clamp_min(1e-300)
         variance = self.squares / weights.clamp_min(1e-300) - mean.square()
         return torch.where(moved, variance, torch.ones_like(variance)).clamp_min(1e-8)
-
-
-def _tick(progress) -> None:
-    if progress is not None:
-        progress.update(1)
 
 
 __all__ = ["BLACKJAX_TUNING", "MCLMC", "MILE_TUNING", "Tuning"]

@@ -179,6 +179,8 @@ def _run(
         start = time.perf_counter()
         if args.inference == "mcmc":
             post = _fit_mcmc(model, splits.train, args, parallel is not None)
+        elif args.inference == "mile":
+            post = _fit_mile(model, splits.train, args)
         else:  # svi and the MAP-based fits
             try:
                 post = _fit_svi(model, splits.train, args, guide, target, parallel is not None)
@@ -410,9 +412,40 @@ def _fit_mcmc(model, train, args: argparse.Namespace, distributed: bool):
             trajectory_length=args.trajectory_length,
             jit_compile=args.jit_compile,
             compile=args.compile,
+            temperature=args.temperature,
             map_steps=args.map_steps,
             device=args.device,
             distributed=distributed or None,
+        ),
+    )
+
+
+def _fit_mile(model, train, args: argparse.Namespace):
+    """``fit_mile``: the ensemble's settings are the SVI options (after the task's preset),
+    the sampling's the MCMC options that apply and ``MILE_OPTIONS``."""
+    from probtransformer.inference import fit_mile
+
+    return fit_mile(
+        model,
+        train,
+        seed=args.seed,
+        progress=args.progress,
+        **given(
+            n_members=args.n_members,
+            chains_per_member=args.chains_per_member,
+            kernel=args.kernel,
+            num_warmup=args.num_warmup,
+            num_samples=args.num_draws,
+            thinning=args.thinning,
+            temperature=args.temperature,
+            compile=args.compile,
+            device=args.device,
+            num_steps=args.num_steps,
+            batch_size=args.batch_size,
+            lr=args.lr,
+            lr_decay=args.lr_decay,
+            lr_warmup=args.lr_warmup,
+            lr_schedule=args.lr_schedule,
         ),
     )
 
@@ -450,7 +483,18 @@ def _fit_settings(post) -> dict[str, Any]:
         num_chains=record["num_chains"],
         num_warmup=record["num_warmup"],
         num_draws=record["num_samples"],
+        temperature=record.get("temperature", 1.0),  # runs saved before tempering: 1
     )
+    if record.get("route") == "mile":
+        ensemble = record["ensemble"]
+        settings.update(
+            n_members=record["n_members"],
+            chains_per_member=record["chains_per_member"],
+            ensemble_num_steps=ensemble["num_steps"],
+            ensemble_seconds=record["ensemble_seconds"],
+        )
+        if kernel == "mclmc":
+            settings["thinning"] = record["thinning"]
     if kernel != "mclmc":  # unadjusted: no acceptance target
         settings["target_accept_prob"] = record["target_accept_prob"]
     if kernel == "nuts":
@@ -482,12 +526,14 @@ def _fit_settings(post) -> dict[str, Any]:
 def _print_metrics(target: Path, record: dict, task, lines: list[str]) -> None:
     """The summary line, the task's ``printed_metrics``, its extra ``lines`` and where the run
     went."""
-    if record["inference"] == "mcmc":
+    if record["inference"] in ("mcmc", "mile"):
         how = (
             f"{record['kernel']}, {record['chains_kept']} chain(s) x {record['draws_per_chain']} "
             f"draws after {record['num_warmup']} warmup"
         )
-        if record["kernel"] in MANY_CHAIN_KERNELS:
+        if record["inference"] == "mile":
+            how += f", {record['chains_per_member']} per member of {record['n_members']}"
+        elif record["kernel"] in MANY_CHAIN_KERNELS:
             how += f", {record['num_starts']} {record['init']} start(s)"
     elif record["inference"] == "ensemble":
         how = f"{record['n_members']} MAP members"
@@ -514,10 +560,10 @@ def _print_metrics(target: Path, record: dict, task, lines: list[str]) -> None:
         print(f"  {key:<{width}}{record[key]:.4f}{unit}")
     for line in lines:
         print(line)
-    if record["inference"] == "mcmc":
+    if record["inference"] in ("mcmc", "mile"):
         divergences = record["divergences"]
         total = record["chains_kept"] * record["draws_per_chain"]
         print(f"  {'divergences':<15}{'?' if divergences is None else divergences} of {total}")
     print(f"wrote {target}")
-    if record["inference"] == "mcmc":
+    if record["inference"] in ("mcmc", "mile"):
         print(f"convergence (R-hat, ESS, E-BFMI): {PROG} diagnose {target}")

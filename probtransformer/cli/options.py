@@ -10,16 +10,25 @@ from typing import Any
 
 from probtransformer.cli._common import CLIError
 
-INFERENCES = ("svi", "map", "mcmc", "mc-dropout", "ensemble")
-#: None: the guide is --guide's (or fit_svi's); the baselines are MAP fits (AutoDelta)
-INFERENCE_GUIDES = {"svi": None, "map": "delta", "mc-dropout": "delta", "ensemble": "delta"}
+INFERENCES = ("svi", "map", "mcmc", "mile", "mc-dropout", "ensemble")
+#: None: the guide is --guide's (or fit_svi's); the baselines (and MILE's ensemble) are MAP
+#: fits (AutoDelta)
+INFERENCE_GUIDES = {
+    "svi": None, "map": "delta", "mc-dropout": "delta", "ensemble": "delta", "mile": "delta"
+}  # fmt: skip
 #: fit_svi settings: every inference method but mcmc
 SVI_OPTIONS = ("guide", "num_steps", "batch_size", "lr", "lr_decay", "lr_warmup", "lr_schedule")
 #: ``fit_svi``'s learning-rate schedules (``inference.schedule.LR_SCHEDULES``; named here so
 #: ``--help`` imports no torch).
 LR_SCHEDULES = ("exponential", "cosine")
 CHECKPOINT_OPTIONS = ("checkpoint_every", "checkpoint_dir", "resume_from")  # svi and map only
-ENSEMBLE_OPTIONS = ("n_members",)  # fit_ensemble settings: ensemble only
+ENSEMBLE_OPTIONS = ("n_members",)  # fit_ensemble settings: ensemble and mile
+#: fit_mile's own settings: mile only
+MILE_OPTIONS = ("chains_per_member", "thinning")
+#: The MCMC options that --inference mile takes too (for the sampling around each member)
+MILE_MCMC_OPTIONS = ("kernel", "num_warmup", "num_draws", "compile", "temperature")
+#: The kernels fit_mile runs (``inference.mile.MILE_KERNELS``)
+MILE_KERNELS = ("mclmc", "chees")
 #: The inference methods that ``torchrun`` runs data-parallel: those built on ``fit_svi`` (and
 #: mcmc with a many-chain kernel, its chains sharded).
 DISTRIBUTED_INFERENCE = ("svi", "map", "mc-dropout")
@@ -44,6 +53,7 @@ MCMC_OPTIONS = (  # fit_mcmc settings: mcmc only
     "trajectory_length",
     "jit_compile",
     "compile",
+    "temperature",
     "map_steps",
 )
 #: The MCMC options that apply to some kernels only: the kernels they apply to (as
@@ -56,6 +66,7 @@ KERNEL_OPTIONS = {
     "trajectory_length": ("hmc", "chees"),  # ChEES: the initial one, then adapted
     "jit_compile": ("nuts", "hmc"),
     "compile": MANY_CHAIN_KERNELS,
+    "temperature": MANY_CHAIN_KERNELS,
 }
 #: CLI options named differently from the library parameter they set: (source, parameter).
 LIBRARY_NAMES = {"num_draws": ("mcmc", "num_samples")}
@@ -164,19 +175,31 @@ def check_applicable(args: argparse.Namespace, task, tasks: dict) -> None:
         )
     if args.inference == "mcmc":
         options = [_flag(d) for d in SVI_OPTIONS if getattr(args, d) is not None]
-        applies_to = "--inference svi, map, mc-dropout and ensemble"
+        applies_to = "--inference svi, map, mc-dropout, ensemble and mile"
     else:
-        options = [_flag(d) for d in MCMC_OPTIONS if getattr(args, d) is not None]
+        taken = MILE_MCMC_OPTIONS if args.inference == "mile" else ()
+        options = [
+            _flag(d) for d in MCMC_OPTIONS if d not in taken and getattr(args, d) is not None
+        ]
         applies_to = "--inference mcmc"
     if not options and args.inference not in ("svi", "map"):
         options = [_flag(d) for d in CHECKPOINT_OPTIONS if getattr(args, d) is not None]
         applies_to = "--inference svi and map"
-    if not options and args.inference != "ensemble":
+    if not options and args.inference not in ("ensemble", "mile"):
         options = [_flag(d) for d in ENSEMBLE_OPTIONS if getattr(args, d) is not None]
-        applies_to = "--inference ensemble"
+        applies_to = "--inference ensemble and mile"
+    if not options and args.inference != "mile":
+        options = [_flag(d) for d in MILE_OPTIONS if getattr(args, d) is not None]
+        applies_to = "--inference mile"
     if options:
         verb = "applies" if len(options) == 1 else "apply"
         raise CLIError(f"{', '.join(options)} {verb} to {applies_to}, not {args.inference}")
+    if args.inference == "mile":
+        if args.kernel is not None and args.kernel not in MILE_KERNELS:
+            raise CLIError(
+                f"--inference mile runs --kernel {' or '.join(MILE_KERNELS)}, not {args.kernel}"
+            )
+        return
     kernel = args.kernel or mcmc_preset()["kernel"]
     for dest, kernels in KERNEL_OPTIONS.items():
         if getattr(args, dest) is not None and not applies(dest, kernel):
@@ -264,13 +287,14 @@ def check_schedule_options(args: argparse.Namespace) -> None:
 
 def library_functions() -> dict[str, Callable[..., Any]]:
     """The library callables whose defaults unset options take (imported on demand)."""
-    from probtransformer.inference import Posterior, fit_ensemble, fit_mcmc, fit_svi
+    from probtransformer.inference import Posterior, fit_ensemble, fit_mcmc, fit_mile, fit_svi
     from probtransformer.models import SequenceClassifier, generate
 
     return {
         "model": SequenceClassifier.__init__,  # text models differ: help shows their own too
         "fit": fit_svi,
         "mcmc": fit_mcmc,
+        "mile": fit_mile,
         "ensemble": fit_ensemble,
         "predict": Posterior.predict,
         "diagnose": Posterior.diagnose,

@@ -154,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
         "with 4 chains from 2 MAP starts, about 8 minutes for digits on one CPU thread).",
         formatter_class=functools.partial(
             LibraryDefaultsFormatter,
-            sources=("model", "fit", "predict", "mcmc", "ensemble"),
+            sources=("model", "fit", "predict", "mcmc", "ensemble", "mile"),
             mcmc=True,
         ),
     )
@@ -199,7 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="svi; map: a point estimate, fit_map (fit_svi with guide delta); mcmc: fit_mcmc "
         "(--kernel chees, mclmc, nuts or hmc); "
         "mc-dropout: MAP with dropout kept on at prediction (fit_mc_dropout, needs --dropout > "
-        "0); ensemble: a deep ensemble of MAP fits (fit_ensemble) (default: %(default)s)",
+        "0); ensemble: a deep ensemble of MAP fits (fit_ensemble); mile: the ensemble, then "
+        "MCLMC (or --kernel chees) chains around each member, tuned per member (fit_mile, "
+        "Sommer et al. 2025) (default: %(default)s)",
     )
     fit.add_argument(
         "--model",
@@ -238,7 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument(
         "--no-progress", dest="progress", action="store_false", help="hide the progress bar"
     )
-    svi = fit.add_argument_group("svi, map, mc-dropout and ensemble only")
+    svi = fit.add_argument_group("svi, map, mc-dropout, ensemble and mile only")
     svi.add_argument(
         "--guide", choices=("normal", "lowrank", "mvn", "delta"), help="SVI variational family"
     )
@@ -281,12 +283,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="continue the fit saved in this checkpoint directory (same dataset, model and "
         "settings) to the numbers an uninterrupted fit gives",
     )
-    ensemble = fit.add_argument_group("ensemble only")
+    ensemble = fit.add_argument_group("ensemble and mile")
     ensemble.add_argument(
         "--n-members",
         type=positive_int,
         metavar="K",
         help="ensemble members, fitted with seeds seed, seed+1, ...",
+    )
+    mile = fit.add_argument_group(
+        "mile only",
+        "--inference mile also takes --kernel (mclmc or chees), --num-warmup, --num-draws, "
+        "--compile and --temperature, and the SVI options for its ensemble",
+    )
+    mile.add_argument(
+        "--chains-per-member",
+        type=positive_int,
+        metavar="N",
+        help="chains started from each member (chees: at least 2)",
+    )
+    mile.add_argument(
+        "--thinning",
+        type=positive_int,
+        metavar="N",
+        help="mclmc: integrator steps per kept draw",
     )
     mcmc = fit.add_argument_group("mcmc only")
     mcmc.add_argument(
@@ -347,6 +366,13 @@ def build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         help="chees and mclmc only: evaluate the K-chain log density as a torch.compile'd "
         "graph, checked against the eager one (compiling takes 15-60 s)",
+    )
+    mcmc.add_argument(
+        "--temperature",
+        type=float_in(0, math.inf, above=True),
+        metavar="T",
+        help="chees, mclmc and mile: the likelihood enters as p(y | θ)^(1/T), a tempered "
+        "posterior; recorded and shown by diagnose (1: the Bayesian posterior)",
     )
     mcmc.add_argument(
         "--map-steps",

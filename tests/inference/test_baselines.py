@@ -291,7 +291,7 @@ def test_cli_mc_dropout(tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--n-members", "2"], "--n-members applies to --inference ensemble, not svi"),
+        (["--n-members", "2"], "--n-members applies to --inference ensemble and mile, not svi"),
         (["--inference", "map", "--n-members", "2"], "--n-members applies to --inference ensemble"),
         (["--inference", "ensemble", "--n-members", "0"], "integer >= 1"),
         (["--inference", "ensemble", "--guide", "normal"], "fits guide 'delta'"),

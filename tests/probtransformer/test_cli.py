@@ -526,6 +526,48 @@ def test_mclmc_kernel(tmp_path, capsys):
     assert post.samples["head.weight"].shape == (2, 3, C, 8)
 
 
+@pytest.mark.filterwarnings("ignore:num_warmup=")
+def test_mile_fits_an_ensemble_then_chains_per_member(tmp_path, capsys):
+    out = tmp_path / "mile"
+    args = ["--n-members", "2", "--chains-per-member", "2", "--num-steps", "20"]
+    args += ["--num-warmup", "30", "--num-draws", "3", "--thinning", "2", "--temperature", "0.5"]
+    args += ["--num-train", "40", *TINY_MCMC_MODEL, "--no-progress"]
+    assert main(["fit", "--out", str(out), "--inference", "mile", *args]) == 0
+    printed = capsys.readouterr().out
+    assert "mile (mclmc, 4 chain(s) x 3 draws after 30 warmup, 2 per member of 2)" in printed
+    assert "convergence (R-hat, ESS, E-BFMI)" in printed
+    record = json.loads((out / "metrics.json").read_text())
+    assert (record["inference"], record["kernel"], record["init"]) == ("mile", "mclmc", "ensemble")
+    assert (record["n_members"], record["chains_per_member"], record["thinning"]) == (2, 2, 2)
+    assert record["temperature"] == 0.5 and record["ensemble_num_steps"] == 20
+    assert len(record["adapted_step_size"]) == 2  # tuned per member
+    assert main(["diagnose", str(out)]) == 0
+    verdict = capsys.readouterr().out
+    assert "info  2 modes (chains started from 2 ensemble members, 2 chain(s) each)" in verdict
+    assert "info  temperature 0.5" in verdict
+
+
+@pytest.mark.parametrize(
+    "inference, args, message",
+    [
+        ("mile", ["--num-chains", "4"], "--num-chains applies to --inference mcmc, not mile"),
+        ("mile", ["--kernel", "nuts"], "--inference mile runs --kernel mclmc or chees, not nuts"),
+        ("mile", ["--init", "prior"], "--init applies to --inference mcmc, not mile"),
+        ("ensemble", ["--thinning", "5"], "--thinning applies to --inference mile, not ensemble"),
+        ("map", ["--chains-per-member", "2"], "--chains-per-member applies to --inference mile"),
+        ("svi", ["--temperature", "0.5"], "--temperature applies to --inference mcmc, not svi"),
+        ("mile", ["--temperature", "0"], "expected a number > 0, finite, got '0'"),
+    ],
+)
+def test_mile_options_are_checked(
+    inference, args, message, tmp_path, monkeypatch, capsys, one_error_line
+):
+    monkeypatch.chdir(tmp_path)
+    assert main(["fit", *TINY, "--inference", inference, *args]) == 2
+    assert message in one_error_line(capsys)
+    assert _listing(tmp_path) == set()
+
+
 def _interrupt_after(monkeypatch, calls: int) -> None:
     """Make the NUTS kernel raise KeyboardInterrupt (as Ctrl-C does) on its ``calls``-th step."""
     sample = RecordingNUTS.sample
@@ -755,16 +797,16 @@ def test_mcmc_interrupted_before_a_draw_writes_nothing(
     [
         (
             ["--lr", "0.1"],
-            "--lr applies to --inference svi, map, mc-dropout and ensemble, not mcmc",
+            "--lr applies to --inference svi, map, mc-dropout, ensemble and mile, not mcmc",
         ),
         (
             ["--lr-decay", "1"],
-            "--lr-decay applies to --inference svi, map, mc-dropout and ensemble, not mcmc",
+            "--lr-decay applies to --inference svi, map, mc-dropout, ensemble and mile, not mcmc",
         ),
         (["--num-steps", "5", "--batch-size", "8"], "--num-steps, --batch-size apply to"),
         (
             ["--guide", "normal"],
-            "--guide applies to --inference svi, map, mc-dropout and ensemble, not mcmc",
+            "--guide applies to --inference svi, map, mc-dropout, ensemble and mile, not mcmc",
         ),
         (["--kernel", "hmc", "--max-tree-depth", "4"], "--max-tree-depth applies to --kernel nuts"),
         (
@@ -890,7 +932,7 @@ def test_predict_csv_without_header(run, splits, tmp_path):
         (
             ["--inference", "mcmc"],
             {},
-            "--num-steps applies to --inference svi, map, mc-dropout and ensemble, not mcmc",
+            "--num-steps applies to --inference svi, map, mc-dropout, ensemble and mile, not mcmc",
         ),
         (["--guide", "flow"], {}, "--guide"),
         (["--num-steps", "0"], {}, "integer >= 1"),

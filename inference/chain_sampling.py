@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from probtransformer.inference.compiled import CompiledPass, attach
 from probtransformer.inference.distributed import DataParallel, broadcast_state
 from probtransformer.inference.mclmc import BLACKJAX_TUNING, MCLMC, Tuning
-from probtransformer.inference.samplers import ChainRNG, ChEES
+from probtransformer.inference.samplers import MAX_ENERGY_ERROR, ChainRNG, ChEES
 from probtransformer.inference.vectorized import VectorizedDensity
 
 #: Gradients per ChEES transition or kept MCLMC draw, as the compile rule counts them (ChEES's
@@ -225,10 +225,13 @@ def _mclmc_draws(sampler: MCLMC, z0, settings: KernelSettings):
             state, u, energy_change = sampler.step(state, u)
             errors.append(energy_change)
         errors = torch.stack(errors)
+        # a step whose energy error is not finite or above MAX_ENERGY_ERROR nats (Stan's and
+        # Pyro's threshold for HMC) is divergent: unadjusted, MCLMC keeps such a jump
+        divergent = ~(errors.abs() <= MAX_ENERGY_ERROR).all(0)
         yield (
             state.z,
             dict(
-                diverging=~torch.isfinite(errors).all(0),
+                diverging=divergent,
                 step_size=step_size,
                 n_steps=torch.full_like(state.lp, steps),
                 energy_error=errors.square().mean(0).sqrt(),  # RMS per step, nats

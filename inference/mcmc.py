@@ -122,7 +122,10 @@ def fit_mcmc(
       accept/reject): its draws carry a step-size bias. On the analytic linear regression the
       benchmark measured it in standard errors (``benchmarks/BENCHMARKS.md``, "Many-chain
       samplers"); ``record["energy_error_var_per_dim"]`` holds each run's energy-error
-      variance per dimension (tuned towards 5e-4; much larger values mean more bias).
+      variance per dimension (tuned towards 5e-4; much larger values mean more bias), and a
+      step whose energy error passes 1000 nats (kept: there is no rejection) counts as a
+      divergent transition. With ``"ensemble"`` starts each start's chains are tuned on
+      their own (``inference.mile`` runs MILE's recipe from a deep ensemble).
 
     The model runs in eval mode (dropout off: the target density must be deterministic) on the
     full data set. Its point-estimate parameters (plain ``nn.Parameter``s, the parts that are not

@@ -289,3 +289,34 @@ def test_diagnose_judges_each_member_and_reports_the_spread_between_them(digits_
     assert any(line.startswith("info  between modes (first 120 training rows)") for line in verdict)
     assert not any("nested R-hat of lp" in line for line in verdict)
     assert "predictive" not in table.attrs  # nested R-hat across members is not computed
+
+
+def test_an_mclmc_step_with_an_energy_error_over_1000_nats_is_divergent():
+    """Unadjusted, MCLMC keeps every step; one whose energy error passes Stan's 1000-nat
+    threshold (or is not finite) is flagged in ``diverging`` for its chain."""
+    from probtransformer.inference.chain_sampling import KernelSettings, _mclmc_draws
+    from probtransformer.inference.samplers import ChainState
+
+    errors = iter([torch.tensor([0.5, 2e3, 0.1]), torch.tensor([0.5, 1.0, torch.nan])])
+
+    class Scripted:
+        L = torch.tensor([1.0], dtype=torch.float64)
+        step_size = torch.tensor([1.0], dtype=torch.float64)
+
+        def init(self, z):
+            return ChainState(z, torch.zeros(3), torch.zeros_like(z)), torch.ones_like(z)
+
+        def tuning_steps(self, state, u, steps):
+            return (state, u)
+            yield
+
+        def _chains(self, per_group):
+            return per_group.float().expand(3)[:, None]
+
+        def step(self, state, u):
+            return state, u, next(errors)
+
+    settings = KernelSettings(kernel="mclmc", num_warmup=0, num_samples=1, thinning=2)
+    draws = list(_mclmc_draws(Scripted(), torch.zeros(3, 2), settings))
+    _, stats = draws[-1]
+    assert stats["diverging"].tolist() == [False, True, True]

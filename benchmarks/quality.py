@@ -304,7 +304,8 @@ def run_row(key: str, ctx: Context) -> dict:
         if method == "ensemble-batched":
             _BATCHED_ENSEMBLES[name, fit_seed, sizes] = post
     # None: every draw; ChEES: each chain thinned evenly to ceil(draws / K) (all when fewer)
-    draws = None if method in ("nuts", "ensemble", "ensemble-batched") else sizes.draws
+    every = ("nuts", "ensemble", "ensemble-batched", *MILE_METHODS)
+    draws = None if method in every else sizes.draws
     start = time.perf_counter()
     scores = evaluate(post, data.test, data.ood, draws, fit_seed)
     return {

@@ -120,11 +120,14 @@ class Sizes:
         chees_warmup: ChEES warm-up transitions at most.
         chees_draws: ChEES kept draws per chain at most.
         mile_members: ensemble members of the MILE rows (``fit_mile``).
-        mile_chains: chains per member.
+        mile_chains: MCLMC chains per member (MILE runs one; within-member R-hat then splits
+            each chain in halves).
         mile_warmup: MCLMC tuning steps per chain (``mile``, ``mile-circuits``).
         mile_draws: kept draws per chain.
         mile_thinning: MCLMC integrator steps per kept draw.
-        permember_warmup: ChEES warm-up transitions per chain (``chees-permember``).
+        permember_chains: ChEES chains per member (``chees-permember``; at least 2: ChEES
+            adapts each member's trajectory from the spread of its chains).
+        permember_warmup: ChEES warm-up transitions per chain.
         permember_draws: ChEES kept draws per chain.
     """
 
@@ -143,12 +146,13 @@ class Sizes:
     chees_warmup: int = 60
     chees_draws: int = 20
     mile_members: int = ENSEMBLE_MEMBERS
-    mile_chains: int = 2
+    mile_chains: int = 1
     mile_warmup: int = 2000
     mile_draws: int = 100
     mile_thinning: int = 10
-    permember_warmup: int = 100
-    permember_draws: int = 50
+    permember_chains: int = 2
+    permember_warmup: int = 60
+    permember_draws: int = 30
 
 
 FULL = Sizes()
@@ -168,6 +172,7 @@ QUICK = Sizes(
     chees_warmup=3,
     chees_draws=3,
     mile_members=2,
+    mile_chains=2,
     mile_warmup=30,
     mile_draws=3,
     mile_thinning=2,
@@ -448,7 +453,7 @@ def fit_route(
     chees = method == "chees-permember"
     settings = dict(
         kernel="chees" if chees else "mclmc",
-        chains_per_member=sizes.mile_chains,
+        chains_per_member=sizes.permember_chains if chees else sizes.mile_chains,
         num_warmup=sizes.permember_warmup if chees else sizes.mile_warmup,
         num_samples=sizes.permember_draws if chees else sizes.mile_draws,
         thinning=sizes.mile_thinning,

@@ -23,6 +23,7 @@ from probtransformer.cli.options import (
     MAP_FITS,
     check_applicable,
     with_mcmc_preset,
+    with_mile_preset,
     with_svi_preset,
 )
 from probtransformer.cli.rundir import check_out, is_run_dir, write_run
@@ -69,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
         from probtransformer.tasks._tokens import TokenTask
 
         args = with_mcmc_preset(args, jit=not isinstance(task, TokenTask))
+    elif args.inference == "mile":
+        args = with_mile_preset(args, task.fit_preset)
     else:
         args = with_svi_preset(args, task.fit_preset)
     parallel = _joined_process_group(args)

@@ -11,12 +11,14 @@ from probtransformer.cli.options import (
     KERNELS,
     LIBRARY_NAMES,
     MCMC_OPTIONS,
+    MILE_OPTIONS,
     UNSET_HELP,
     UNSET_KERNEL_HELP,
     UNSET_MCMC_HELP,
     applies,
     library_functions,
     mcmc_preset,
+    mile_preset,
 )
 
 
@@ -32,7 +34,8 @@ class LibraryDefaultsFormatter(argparse.HelpFormatter):
     The defaults are read from the signatures of the library functions named in ``sources``
     (keys of ``options.library_functions``; the first that has the parameter) when help is
     printed, so they are always the ones a run uses. With ``mcmc=True`` (``fit``'s help) the
-    ``mcmc_preset`` values are shown too: as the default of MCMC-only options (the default
+    ``mile_preset`` values are shown as ``mile: ...`` (the default of the mile-only options),
+    and the ``mcmc_preset`` values too: as the default of MCMC-only options (the default
     kernel's, then ``nuts, hmc: ...`` for kernels whose preset differs), as ``mcmc: ...`` next
     to the default of others; and the tasks' ``fit_preset`` values, as ``tagging: ...``.
     """
@@ -82,8 +85,12 @@ class LibraryDefaultsFormatter(argparse.HelpFormatter):
         text = action.help or ""
         if action.default is not None or not action.option_strings or "(default:" in text:
             return text  # set, positional, or its help already says
-        if self._mcmc and action.dest in MCMC_OPTIONS:
+        if self._mcmc and action.dest in MILE_OPTIONS:  # mile only: its preset is the default
+            parts = [f"default: {_help_value(mile_preset()[action.dest])}"]
+        elif self._mcmc and action.dest in MCMC_OPTIONS:
             parts = self._kernel_defaults(action.dest)
+            if action.dest in mile_preset():
+                parts.append(f"mile: {_help_value(mile_preset()[action.dest])}")
         else:
             preset = mcmc_preset() if self._mcmc else {}
             default = self._library_default(action.dest)
@@ -94,6 +101,8 @@ class LibraryDefaultsFormatter(argparse.HelpFormatter):
                 parts.append(f"mcmc: {_help_value(preset[action.dest])}")
             elif self._mcmc and action.dest in UNSET_MCMC_HELP:
                 parts.append(f"mcmc: {UNSET_MCMC_HELP[action.dest]}")
+            if self._mcmc and action.dest in mile_preset():
+                parts.append(f"mile: {_help_value(mile_preset()[action.dest])}")
         return f"{text} ({'; '.join(parts)})" if parts else text
 
 

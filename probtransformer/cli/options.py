@@ -156,6 +156,39 @@ def mcmc_preset(kernel: str = "chees") -> dict[str, Any]:
     return {dest: value for dest, value in preset.items() if applies(dest, kernel)}
 
 
+def mile_preset() -> dict[str, Any]:
+    """What ``fit --inference mile`` uses for the options left unset: the quality benchmark's
+    ``mile`` row (``benchmarks/quality.py``).
+
+    The classifier of the quality benchmark (d_model 32, 4 heads, 1 layer, d_ff 64, dropout
+    0.1 while the ensemble trains; attention and head latent, the library default), a batched
+    ensemble of 5 members trained as the benchmark trains it (1,000 Adam steps of 128 rows at
+    lr 1e-2 decaying to 1e-3), then one MCLMC chain per member, MILE's warm-up in 2,000
+    steps, 100 draws kept one every 10 steps, on one CPU thread.
+
+    Returns:
+        ``{option: value}`` under the ``fit`` options' ``dest`` names.
+    """
+    return dict(
+        d_model=32,
+        num_heads=4,
+        num_layers=1,
+        d_ff=64,
+        dropout=0.1,
+        num_steps=1000,
+        batch_size=128,
+        lr=1e-2,
+        lr_decay=0.1,
+        n_members=5,
+        chains_per_member=1,
+        kernel="mclmc",
+        num_warmup=2000,
+        num_draws=100,
+        thinning=10,
+        threads=1,
+    )
+
+
 def _flag(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
@@ -255,6 +288,12 @@ def with_preset(args: argparse.Namespace, preset: dict[str, Any]) -> argparse.Na
         if getattr(args, dest) is None:
             setattr(args, dest, value)
     return args
+
+
+def with_mile_preset(args: argparse.Namespace, task_preset: dict[str, Any]) -> argparse.Namespace:
+    """``args`` with the options left unset taken from ``mile_preset``, then from the task's
+    ``fit_preset`` (the ensemble's schedule), then checked as ``with_svi_preset`` checks."""
+    return with_svi_preset(with_preset(args, mile_preset()), task_preset)
 
 
 def with_svi_preset(args: argparse.Namespace, preset: dict[str, Any]) -> argparse.Namespace:

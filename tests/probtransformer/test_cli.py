@@ -25,6 +25,7 @@ import probtransformer.plots
 from probtransformer import datasets, metrics
 from probtransformer.block import BAYESIAN_PARTS
 from probtransformer.cli import main, mcmc_preset, options
+from probtransformer.cli.options import mile_preset
 from probtransformer.inference import (
     NonFiniteELBOError,
     fit_mcmc,
@@ -209,9 +210,13 @@ def test_fit_help_shows_the_library_defaults(capsys):
     # MCMC-only options: the preset kernel's value first, then kernels whose preset differs
     assert CHEES_TARGET_ACCEPT == 0.651 and mcmc["map_steps"].default == 1000
     for option, shown in (
-        ("--kernel {nuts,hmc,chees,mclmc}", "default: chees"),
+        ("--kernel {nuts,hmc,chees,mclmc}", f"default: chees; mile: {mile_preset()['kernel']}"),
         ("--num-chains N", f"default: {preset['num_chains']}; nuts, hmc: {nuts['num_chains']}"),
-        ("--num-draws N", f"default: {preset['num_draws']}; nuts, hmc: {nuts['num_draws']}"),
+        (
+            "--num-draws N",
+            f"default: {preset['num_draws']}; nuts, hmc: {nuts['num_draws']}; "
+            f"mile: {mile_preset()['num_draws']}",
+        ),
         ("--num-starts M", f"default: {preset['num_starts']}"),
         ("--init {prior,map,ensemble}", "default: ensemble"),
         ("--target-accept-prob P", "default: 0.651; nuts, hmc: 0.8"),
@@ -223,13 +228,18 @@ def test_fit_help_shows_the_library_defaults(capsys):
         # the option's last parenthesis: before the next option or group title ("model:")
         found = re.search(rf"{re.escape(option)} .*?\((default: [^()]*)\)(?= --| model:)", text)
         assert found and found.group(1) == shown, (option, found and found.group(1))
-    for option, default, mcmc_default in (
-        ("--d-model N model width", model["d_model"].default, preset["d_model"]),
-        ("--num-heads N heads per layer", model["num_heads"].default, preset["num_heads"]),
+    mile = mile_preset()
+    for option, default, mcmc_default, mile_default in (
+        ("--d-model N model width", model["d_model"].default, preset["d_model"], mile["d_model"]),
+        (
+            "--num-heads N heads per layer",
+            model["num_heads"].default,
+            preset["num_heads"],
+            mile["num_heads"],
+        ),
     ):
-        assert re.search(
-            rf"{re.escape(option)}[^(]*\(default: {default}; mcmc: {mcmc_default}\)", text
-        )
+        shown = f"default: {default}; mcmc: {mcmc_default}; mile: {mile_default}"
+        assert re.search(rf"{re.escape(option)}[^(]*\({shown}\)", text)
     assert re.search(r"--num-train N [^(]*\(default: all\)", text)  # mcmc too: every row
     assert "posterior draws for predictions (default: 100; mcmc: every kept draw)" in text
     assert "one of: digits" in text

@@ -279,7 +279,8 @@ def test_fewer_than_many_chains_keep_the_plain_verdict(data):
     ]  # fmt: skip
     assert len(verdict) == 1 + len(texts)
     for line, text in zip(verdict[1:], texts, strict=True):
-        assert line[:6] in ("ok    ", "WARN  ", "info  ") and line[6:].startswith(text), (line, text)
+        assert line[:6] in ("ok    ", "WARN  ", "info  "), line
+        assert line[6:].startswith(text), (line, text)
     assert [line[6:] for line in verdict if line.startswith("info")] == [texts[-2]]
     # an explicit superchain record below MANY_CHAINS: the nested column, the same verdict
     few = _posterior(data, chains=4, starts=2).diagnose(data, verbose=False)

@@ -21,7 +21,12 @@ from tqdm.auto import tqdm
 from probtransformer.inference.compiled import CompiledPass, attach
 from probtransformer.inference.distributed import DataParallel, broadcast_state
 from probtransformer.inference.mclmc import BLACKJAX_TUNING, MCLMC, Tuning
-from probtransformer.inference.samplers import MAX_ENERGY_ERROR, ChainRNG, ChEES
+from probtransformer.inference.samplers import (
+    CHEES_TARGET_ACCEPT,
+    MAX_ENERGY_ERROR,
+    ChainRNG,
+    ChEES,
+)
 from probtransformer.inference.vectorized import VectorizedDensity
 
 #: Gradients per ChEES transition or kept MCLMC draw, as the compile rule counts them (ChEES's
@@ -53,7 +58,7 @@ class KernelSettings:
     num_samples: int
     step_size: float = 0.1
     trajectory_length: float | None = None
-    target_accept_prob: float = 0.651
+    target_accept_prob: float = CHEES_TARGET_ACCEPT
     full_mass: bool = False
     tuning: Tuning = BLACKJAX_TUNING
     thinning: int | None = None

@@ -171,7 +171,6 @@ def fit_mile(
         kernel=kernel,
         num_warmup=num_warmup,
         num_samples=num_samples,
-        target_accept_prob=CHEES_TARGET_ACCEPT,
         tuning=tuning,
         thinning=thinning if kernel == "mclmc" else None,
         per_start=True,

@@ -8,7 +8,8 @@ Two studies, each in one process, one torch thread:
   attention model's ``Normal(0.2, fan_in=False)``), a batched deep ensemble and ``fit_mile``
   from it, each scored on the validation split of digits (classes 8 and 9 held out, as
   ``benchmarks.quality``): NLL, accuracy, ECE and OOD AUROC (entropy) against the held-out
-  rows. The test split is never touched: this chooses the prior.
+  rows; then the ablations of the default prior: the head alone latent, and temperatures
+  below 1. The test split is never touched: this chooses the prior.
 - ``--convergence``: ``fit_mile`` on all training digits (the quality benchmark's classifier,
   d_model 32, 4 heads, attention and head latent), with ``--members`` members of
   ``--chains-per-member`` chains, judged per mode as ``diagnose`` judges it: within-mode R-hat
@@ -48,6 +49,8 @@ PRIORS = {
     "Normal(0.2)": priors.Normal(0.2, fan_in=False),
 }
 CIRCUITS = dict(attention_parameterization="circuits", attention_prior=None)
+#: The temperatures of the ablation (default prior): how far a tempered posterior moves.
+ABLATION_TEMPERATURES = (0.3, 0.1)
 
 
 def validation_splits(name: str = "digits", seed: int = 0):
@@ -78,29 +81,43 @@ def ensemble_settings(name: str, train: SequenceData) -> dict:
 def prior_study(
     *, members: int, chains: int, warmup: int, draws: int, thinning: int, seed: int
 ) -> list[dict]:
-    """The rows of ``--prior`` (see the module docstring)."""
+    """The rows of ``--prior`` (see the module docstring), then two ablations on the default
+    prior: the head alone latent (the rest each member's point estimates), and MILE at
+    temperatures ``ABLATION_TEMPERATURES`` (a tempered posterior: how far from the ensemble
+    the Bayesian one sits)."""
     train, val, ood, classes = validation_splits()
     rows = []
-    for label, spec in PRIORS.items():
-        model = classifier(train, classes, weight_prior=spec)
-        start = time.perf_counter()
-        ensemble = fit_ensemble(
-            model, train, n_members=members, seed=seed, progress=False,
-            **ensemble_settings("digits", train),
-        )  # fmt: skip
-        ensemble_seconds = time.perf_counter() - start
-        scores = evaluate(ensemble, val, ood, None, seed)
-        rows.append(dict(prior=label, method="ensemble", seconds=ensemble_seconds, **scores))
-        print(json.dumps(rows[-1]), flush=True)
+    variants = [(label, {"weight_prior": spec}, 1.0) for label, spec in PRIORS.items()]
+    variants.append(("default prior, head alone latent", {"bayesian": ("head",)}, 1.0))
+    default = next(iter(PRIORS))
+    variants += [(default, {}, t) for t in ABLATION_TEMPERATURES]
+    ensembles = {}
+    for label, options, temperature in variants:
+        model = classifier(train, classes, **options)
+        key = json.dumps(model.config, sort_keys=True)
+        if key not in ensembles:  # the temperatures share the default prior's ensemble
+            start = time.perf_counter()
+            ensembles[key] = fit_ensemble(
+                model, train, n_members=members, seed=seed, progress=False,
+                **ensemble_settings("digits", train),
+            )  # fmt: skip
+            scores = evaluate(ensembles[key], val, ood, None, seed)
+            seconds = time.perf_counter() - start
+            rows.append(dict(variant=label, method="ensemble", seconds=seconds, **scores))
+            print(json.dumps(rows[-1]), flush=True)
         post = fit_mile(
-            model, train, ensemble=ensemble, chains_per_member=chains, num_warmup=warmup,
-            num_samples=draws, thinning=thinning, seed=seed, progress=False,
+            model, train, ensemble=ensembles[key], chains_per_member=chains, num_warmup=warmup,
+            num_samples=draws, thinning=thinning, temperature=temperature, seed=seed,
+            progress=False,
         )  # fmt: skip
-        scores = evaluate(post, val, ood, 200, seed)
-        energy = post.record["energy_error_var_per_dim_by_start"]
+        scores = evaluate(post, val, ood, None, seed)
+        record = post.record
+        stats = {k: torch.tensor(v) for k, v in record["sample_stats"].items()}
         rows.append(
-            dict(prior=label, method="mile", seconds=post.record["seconds"], **scores,
-                 energy_error_var_per_dim=energy)
+            dict(variant=label, method="mile", temperature=temperature,
+                 seconds=record["seconds"], **scores,
+                 energy_error_var_per_dim=record["energy_error_var_per_dim_by_start"],
+                 divergences=int(stats["diverging"].sum()))
         )  # fmt: skip
         print(json.dumps(rows[-1]), flush=True)
     return rows

@@ -23,11 +23,12 @@ def warn(message: str) -> None:
     print(f"{PROG}: warning: {' '.join(message.split())}", file=sys.stderr)
 
 
-def check_output(output: str | None) -> None:
+def check_output(output: str | None, *, inputs: tuple[str, ...] = ()) -> None:
     """Refuse an ``--output`` that cannot be written, before the work that fills it.
 
     Raises:
-        CLIError: ``output`` is empty or a directory, or its directory does not exist.
+        CLIError: ``output`` is empty, not a ``.csv``, a directory, in a directory that does
+            not exist, or one of ``inputs`` (writing it would destroy the data read).
     """
     if output is None:
         return
@@ -38,6 +39,11 @@ def check_output(output: str | None) -> None:
         raise CLIError(f"cannot write --output {output}: it is a directory")
     if not path.parent.is_dir():
         raise CLIError(f"cannot write --output {output}: {path.parent} is not a directory")
+    if path.suffix.lower() != ".csv":
+        raise CLIError(f"--output is written as CSV: name a .csv file, got {output!r}")
+    for given_ in inputs:
+        if path.resolve() == Path(given_).resolve():
+            raise CLIError(f"--output {output} is the input file: writing it would destroy it")
 
 
 def write_csv(frame, output: str | None) -> None:

@@ -101,7 +101,8 @@ def _table_splits(args: argparse.Namespace):
     if args.data is None:
         given_ = [f"--{name}" for name, value in table.items() if value is not None]
         if given_:
-            raise CLIError(f"{', '.join(given_)} describe --data FILE, which was not given")
+            verb = "describes" if len(given_) == 1 else "describe"
+            raise CLIError(f"{', '.join(given_)} {verb} --data FILE, which was not given")
         args.dataset = args.dataset or "digits"
         return None
     if args.dataset is not None:

@@ -169,8 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
     table = fit.add_argument_group(
         "your own data",
         "--data FILE fits a .csv or .parquet table instead of --dataset: long (a row per step, "
-        "--id and --time) or wide (a row per sequence). Splits as the built-in datasets: 25%% "
-        "of the sequences test, 10%% of the rest val, stratified by class; classes, vocabulary "
+        "--id and --time) or wide (a row per sequence). Splits as the built-in datasets: 25% "
+        "of the sequences test, 10% of the rest val, stratified by class; classes, vocabulary "
         "and feature scaling learned on train and saved in the run, so predict reads files of "
         "the same layout.",
     )

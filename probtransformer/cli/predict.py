@@ -17,7 +17,7 @@ def run(args: argparse.Namespace) -> None:
 
     Raises:
         CLIError: ``--input`` has another suffix or is not a file, or ``--output`` cannot be
-            written.
+            written (``check_output``: not a ``.csv``, or ``--input`` itself).
         ValueError: not a run directory, or an input file the task cannot read.
     """
     from probtransformer.tasks import task_of
@@ -27,8 +27,10 @@ def run(args: argparse.Namespace) -> None:
         raise CLIError(f"--input must be a .npy, .csv, .txt or .parquet file, got {args.input!r}")
     if not path.is_file():
         raise CLIError(f"--input {args.input} does not exist or is not a file")
-    check_output(args.output)
+    check_output(args.output, inputs=(args.input,))
     fitted = read_run(args.run_dir)
     task = task_of(fitted.posterior.model)
     draws = given(num_samples=args.num_samples, seed=args.seed)
     write_csv(task.predict_frame(path, fitted, draws, warn=warn), args.output)
+    if args.output is not None:
+        print(f"wrote {args.output}")

@@ -128,7 +128,10 @@ class SequenceData:
         ``MAX_TABLE_BYTES``, empty files refused)."""
         from probtransformer.datasets.tables import read_table
 
-        return cls.from_pandas(read_table(_suffixed(path, ".csv")), source=str(path), **options)
+        schema = options.get("schema")
+        id_ = options.get("id") if schema is None else schema.id
+        frame = read_table(_suffixed(path, ".csv", ".csv.gz"), text_columns=(id_,) if id_ else ())
+        return cls.from_pandas(frame, source=str(path), **options)
 
     @classmethod
     def from_parquet(cls, path: str | Path, **options: Any) -> SequenceData:
@@ -238,6 +241,6 @@ class DatasetSplits:
 def _suffixed(path: str | Path, *suffixes: str) -> Path:
     """``path``, refused unless it ends in one of ``suffixes``."""
     path = Path(path)
-    if path.suffix.lower() not in suffixes:
+    if not path.name.lower().endswith(suffixes):
         raise ValueError(f"{path}: expected a {' or '.join(suffixes)} file")
     return path

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,23 +48,34 @@ MAX_TABLE_BYTES = 1 << 30
 #: The token of unknown text and of padding, id 0 of every vocabulary.
 UNK = "<unk>"
 
+#: The names pandas gives columns without a header cell (its index, written by ``to_csv``).
+_UNNAMED = re.compile(r"Unnamed: \d+")
+
 TASKS = ("classification", "tagging", "regression")  # TableSchema's; from_table adds forecasting
 LAYOUTS = ("long", "wide")
-SUFFIXES = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
+SUFFIXES = {".csv": "csv", ".csv.gz": "csv", ".parquet": "parquet", ".pq": "parquet"}
 
 
-def read_table(path: str | Path, *, max_bytes: int = MAX_TABLE_BYTES) -> pd.DataFrame:
-    """The DataFrame of a ``.csv`` or ``.parquet`` file, read without executing anything.
+def read_table(
+    path: str | Path, *, max_bytes: int = MAX_TABLE_BYTES, text_columns: tuple[str, ...] = ()
+) -> pd.DataFrame:
+    """The DataFrame of a ``.csv`` (or ``.csv.gz``) or ``.parquet`` file, read without
+    executing anything; a CSV's ``text_columns`` are read as text (an id "0042" stays
+    "0042").
 
     Raises:
         ValueError: the file does not exist, has another suffix, is empty, is larger than
-            ``max_bytes`` (refused unread: the limit is named), or cannot be parsed.
+            ``max_bytes`` (refused unread: the limit is named), is not UTF-8, or cannot be
+            parsed.
         ImportError: a Parquet file without ``pyarrow`` installed.
     """
     path = Path(path)
-    kind = SUFFIXES.get(path.suffix.lower())
+    suffix = "".join(path.suffixes[-2:]).lower() if path.suffix.lower() == ".gz" else path.suffix
+    kind = SUFFIXES.get(suffix.lower())
     if kind is None:
-        raise ValueError(f"{path}: expected a .csv or .parquet file, got suffix {path.suffix!r}")
+        raise ValueError(
+            f"{path}: expected a .csv, .csv.gz or .parquet file, got suffix {suffix!r}"
+        )
     if not path.is_file():
         raise ValueError(f"{path} does not exist or is not a file")
     size = path.stat().st_size
@@ -76,7 +89,7 @@ def read_table(path: str | Path, *, max_bytes: int = MAX_TABLE_BYTES) -> pd.Data
         raise ValueError(f"{path} is empty: expected a header row and one row per step")
     try:
         if kind == "csv":
-            frame = pd.read_csv(path, low_memory=False)
+            frame = pd.read_csv(path, low_memory=False, dtype=dict.fromkeys(text_columns, str))
         else:
             try:
                 import pyarrow  # noqa: F401
@@ -85,7 +98,12 @@ def read_table(path: str | Path, *, max_bytes: int = MAX_TABLE_BYTES) -> pd.Data
                     f"reading {path} needs pyarrow: pip install 'probtransformer[parquet]'"
                 ) from None
             frame = pd.read_parquet(path)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as e:
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{path} cannot be read as {kind}: it is not UTF-8 text ({e.reason} at byte "
+            f"{e.start}); save it as UTF-8"
+        ) from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, OSError) as e:
         raise ValueError(f"{path} cannot be read as {kind}: {str(e).splitlines()[0]}") from None
     except Exception as e:  # pyarrow's own errors (ArrowInvalid ...): a file, not a bug
         if type(e).__module__.startswith("pyarrow"):
@@ -167,26 +185,57 @@ class TableSchema:
                 other checks of ``encode`` (each names the column and row).
         """
         if (id is None) != (time is None):
+            hint = " (one series over time is task='forecasting', --task forecasting)" * (
+                id is None
+            )
             raise ValueError(
                 f"{source}: the long layout needs both id and time columns, got id={id!r}, "
-                f"time={time!r}"
+                f"time={time!r}{hint}"
             )
         if task is not None and task not in TASKS:
             raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
         layout = "wide" if id is None else "long"
-        named = [c for c in (target, id, time) if c is not None]
+        roles = {"target": target, "id": id, "time": time}
+        named = [c for c in roles.values() if c is not None]
+        if len(set(named)) < len(named):
+            raise ValueError(
+                f"{source}: the target, id and time columns must be different columns, got "
+                + ", ".join(f"{role}={column!r}" for role, column in roles.items() if column)
+            )
         _require(frame, named + list(features or []), source)
-        if features is None:
+        inferred = features is None
+        if inferred:
             features = [str(c) for c in frame.columns if c not in named]
+            unnamed = [c for c in features if _UNNAMED.fullmatch(c)]
+            if unnamed:
+                raise ValueError(
+                    f"{source}: column {unnamed[0]!r} has no name: the row index that pandas "
+                    "writes unless to_csv(index=False)? Drop it, or list the feature columns "
+                    "(--features / features=)"
+                )
+        features = list(features)
         if not features:
             raise ValueError(f"{source}: no feature column besides {named}")
-        features = list(features)
+        repeated = sorted({c for c in features if features.count(c) > 1})
+        if repeated:
+            raise ValueError(f"{source}: feature column {repeated[0]!r} is listed twice")
+        for role, column in roles.items():
+            if column is not None and column in features:
+                raise ValueError(
+                    f"{source}: the {role} column {column!r} is also listed as a feature: a "
+                    "model would read its own " + ("label" if role == "target" else role)
+                )
         kinds = {c: _column_kind(frame, c, source) for c in features}
         text = [c for c, k in kinds.items() if k == "text"]
         if text and (len(features) > 1):
+            hint = (
+                "list the features to use with --features (features=)"
+                if inferred
+                else "fit either the text column alone or the numeric ones"
+            )
             raise ValueError(
                 f"{source}: text column {text[0]!r} must be the only feature (token models "
-                f"read one token per step), got features {features}"
+                f"read one token per step), got features {features}: {hint}"
             )
         schema = cls(layout, features, target, id, time, source=source)
         if task is None and target is not None:
@@ -198,6 +247,11 @@ class TableSchema:
             labels = frame[target]
             _no_missing(labels, target, source)
             schema.class_names = sorted({str(v) for v in labels.to_numpy()}, key=_natural)
+            if len(schema.class_names) < 2:
+                raise ValueError(
+                    f"{source}: column {target!r} holds one class ({schema.class_names[0]!r}): "
+                    f"{schema.task} needs at least 2"
+                )
         if text:
             tokens = _tokens(frame[text[0]], layout)
             schema.vocab = [UNK] + sorted(set().union(*tokens) - {UNK})
@@ -325,22 +379,17 @@ class TableSchema:
         codes, ids = pd.factorize(frame[id_], sort=False)
         order = np.argsort(codes, kind="stable")  # rows of each sequence, in file order
         codes_sorted = codes[order]
-        times = frame[time].to_numpy()[order]
+        times = _times(frame[time], time, source)[order]
         same = codes_sorted[1:] == codes_sorted[:-1]
-        try:
-            back = same & ~(times[1:] > times[:-1])
-        except TypeError:
-            raise ValueError(
-                f"{source}: column {time!r} mixes types that cannot be ordered (numbers and "
-                "text): times must be all numbers or all dates"
-            ) from None
+        back = same & ~(times[1:] > times[:-1])
         if back.any():
             k = int(np.flatnonzero(back)[0])
             a, b = order[k], order[k + 1]
             what = "duplicated" if times[k + 1] == times[k] else "out of order"
+            shown = frame[time].to_numpy()
             raise ValueError(
                 f"{source}: column {time!r}: sequence {_show(ids[codes[a]])} has time "
-                f"{_show(times[k + 1])} at {_row(source, b)} after {_show(times[k])} at "
+                f"{_show(shown[b])} at {_row(source, b)} after {_show(shown[a])} at "
                 f"{_row(source, a)}: time steps {what} (sort by id, then time; one row per "
                 "step)"
             )
@@ -475,7 +524,7 @@ def from_table(
     """
     if isinstance(table, (str, Path)):
         source = str(table)
-        frame = read_table(table, max_bytes=max_bytes)
+        frame = read_table(table, max_bytes=max_bytes, text_columns=(id,) if id else ())
     elif isinstance(table, pd.DataFrame):
         source, frame = "DataFrame", table
         if frame.empty:
@@ -495,7 +544,10 @@ def from_table(
             test_fraction,
         )  # fmt: skip
     if context is not None or horizon is not None:
-        raise ValueError(f"context and horizon are for task='forecasting', not {task!r}")
+        raise ValueError(
+            f"context and horizon window one series for task='forecasting' (--task "
+            f"forecasting), got task={task!r}"
+        )
     probe = TableSchema.learn(
         frame, target=target, id=id, time=time, features=features, task=task, scale=False,
         source=source,
@@ -531,28 +583,33 @@ def from_table(
     return DatasetSplits(data["train"], data["val"], data["test"], meta)
 
 
-def _forecast_table(
-    frame, source, target, time, features, context, horizon, seed, val_fraction, test_fraction
-) -> DatasetSplits:
-    """``from_table`` of one series: the built-in forecasting windows (``forecasting``)."""
-    from probtransformer.datasets.forecasting import _Forecast, _forecast_splits
+def read_series(
+    frame: pd.DataFrame,
+    source: str,
+    *,
+    target: str,
+    time: str | None,
+    features: list[str] | None = None,
+) -> tuple[pd.Series, pd.DataFrame]:
+    """One series of a forecasting table, checked: the ``target`` series and the feature
+    table ``(T, F)`` (by default every column but ``time``, the target included), both
+    indexed by ``time``.
 
-    for name, value in (("context", context), ("horizon", horizon)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"forecasting needs {name} as a positive int, got {value!r}")
+    Raises:
+        ValueError: no time column, a missing column, time steps missing, duplicated or out of
+            order, text in a number column, or NaN/inf (each names the column and row).
+    """
     if time is None:
         raise ValueError(f"{source}: forecasting needs the time column (time=...)")
     _require(frame, [target, time, *(features or [])], source)
     features = features or [str(c) for c in frame.columns if c != time]
     _no_missing(frame[time], time, source)
+    order = _times(frame[time], time, source)
+    back = ~(order[1:] > order[:-1])
     times = frame[time].to_numpy()
-    try:
-        back = ~(times[1:] > times[:-1])
-    except TypeError:
-        raise ValueError(f"{source}: column {time!r} mixes types that cannot be ordered") from None
     if back.any():
         k = int(np.flatnonzero(back)[0])
-        what = "duplicated" if times[k + 1] == times[k] else "out of order"
+        what = "duplicated" if order[k + 1] == order[k] else "out of order"
         raise ValueError(
             f"{source}: column {time!r}: time {_show(times[k + 1])} at {_row(source, k + 1)} "
             f"after {_show(times[k])} at {_row(source, k)}: time steps {what} (one row per "
@@ -564,7 +621,19 @@ def _forecast_table(
     values = {c: _numbers(frame[c], c, source) for c in dict.fromkeys([target, *features])}
     index = pd.Index(times, name=time)
     series = pd.Series(values[target], index=index, name=target)
-    table = pd.DataFrame({c: values[c] for c in features}, index=index)
+    return series, pd.DataFrame({c: values[c] for c in features}, index=index)
+
+
+def _forecast_table(
+    frame, source, target, time, features, context, horizon, seed, val_fraction, test_fraction
+) -> DatasetSplits:
+    """``from_table`` of one series: the built-in forecasting windows (``forecasting``)."""
+    from probtransformer.datasets.forecasting import _Forecast, _forecast_splits
+
+    for name, value in (("context", context), ("horizon", horizon)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"forecasting needs {name} as a positive int, got {value!r}")
+    series, table = read_series(frame, source, target=target, time=time, features=features)
     origins = len(frame) - context - horizon + 1
     test_origins = tail_count(test_fraction, max(origins, 0))
     if origins < 2 or origins - test_origins < horizon + 1:
@@ -579,7 +648,7 @@ def _forecast_table(
         "max_len": context,
         "context": context,
         "horizon": horizon,
-        "in_features": len(features),
+        "in_features": table.shape[1],
         "season": 1,
         "frequency": "",
         "source": source,
@@ -679,6 +748,37 @@ def _numbers(values: pd.Series, column: str, source: str, rows=None) -> np.ndarr
             "targets must be finite numbers; fill or drop missing steps first)"
         )
     return numbers
+
+
+def _times(values: pd.Series, column: str, source: str) -> np.ndarray:
+    """A time column as values that order as time does: numbers as they are; text as the
+    numbers or the dates it spells (``pandas.to_datetime``: "12/25/2023" before
+    "01/01/2024", not after as text).
+
+    Raises:
+        ValueError: text that is neither all numbers nor all dates, naming the first value
+            that is not.
+    """
+    if pd.api.types.is_numeric_dtype(values) or pd.api.types.is_datetime64_any_dtype(values):
+        return values.to_numpy()
+    numbers = pd.to_numeric(values, errors="coerce")
+    if numbers.notna().all():
+        return numbers.to_numpy()
+    text = values.astype(str)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # pandas' "inferring the format"
+            dates = pd.to_datetime(text, errors="coerce")
+    except (ValueError, TypeError, OverflowError):
+        dates = pd.Series(pd.NaT, index=values.index)
+    if dates.notna().all():
+        return dates.to_numpy()
+    bad = int(np.flatnonzero((numbers.isna() & dates.isna()).to_numpy())[0])
+    raise ValueError(
+        f"{source}: column {column!r}, {_row(source, bad)}: time {_show(values.iloc[bad])} is "
+        "neither a number nor a date (times are ordered by their value: numbers, or dates "
+        "pandas can read)"
+    )
 
 
 def _no_missing(values: pd.Series, column: str, source: str) -> None:

@@ -73,8 +73,8 @@ DOCSTRING_PARAMETERS = """
         n_members: ensemble members (``"ensemble"`` only).
         kernel, num_chains, num_warmup, num_draws: ``fit_mcmc``'s ``kernel``, ``num_chains``,
             ``num_warmup`` and ``num_samples`` (kept draws per chain; ``"mcmc"`` only).
-        num_samples: posterior draws per prediction (point estimates use one; ensembles and
-            sampled posteriors at most those they hold).
+        num_samples: posterior draws per prediction, None for every draw (point estimates use
+            one; ensembles and sampled posteriors at most those they hold).
         step_features: features per step ``F`` of a 2-D ``X`` ``(N, T * F)``; None reads a 2-D
             ``X`` as ``T = P`` steps of one feature. Ignored for 3-D ``X``.
         model_options: more keyword arguments of the model (``bayesian``, ``weight_prior``,
@@ -161,7 +161,15 @@ class BayesianTransformer(BaseEstimator):
 
     def _fit_inputs(self, X, y, **y_options) -> tuple[np.ndarray, np.ndarray]:
         """Validate ``X`` and ``y``; set ``n_features_in_`` and ``input_shape_``; return X as
-        float32 ``(N, T, F)``."""
+        float32 ``(N, T, F)``.
+
+        Raises:
+            ValueError: ``num_samples`` is neither None nor an int >= 1, or ``X`` has another
+                shape.
+        """
+        n = self.num_samples
+        if n is not None and (isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1):
+            raise ValueError(f"num_samples must be None (every draw) or an int >= 1, got {n!r}")
         X, y = validate_data(
             self, X, y, allow_nd=True, dtype=(np.float64, np.float32), reset=True, **y_options
         )
@@ -200,6 +208,7 @@ class BayesianTransformer(BaseEstimator):
         check_is_fitted(self)
         steps, features = self.input_shape_
         name = type(self).__name__
+        given = X
         X = check_array(
             X, allow_nd=True, dtype=(np.float64, np.float32), estimator=self, input_name="X"
         )
@@ -209,10 +218,9 @@ class BayesianTransformer(BaseEstimator):
                     f"X has sequences of shape (T, F)={X.shape[1:]}, but {name} is expecting "
                     f"{self.input_shape_} as input"
                 )
-            X2 = X.reshape(X.shape[0], -1)
-            validate_data(self, X2, reset=False, skip_check_array=True)  # feature names
-        elif X.ndim == 2:
-            validate_data(self, X, reset=False, skip_check_array=True)  # names and count
+            validate_data(self, X.reshape(X.shape[0], -1), reset=False, skip_check_array=True)
+        elif X.ndim == 2:  # the DataFrame as given: its column names against fit's
+            validate_data(self, given, reset=False, skip_check_array=True)
         else:
             raise ValueError(
                 f"X must be 3-D (N, T, F) sequences or 2-D (N, T * F), got shape {X.shape}"

@@ -69,7 +69,15 @@ def task_for_dataset(dataset: str | Mapping[str, Any]) -> Task:
     else:
         raise TypeError(f"dataset must be a name or a meta dict, got {type(dataset).__name__}")
     if name not in TASKS:
-        raise ValueError(f"{what} has task {name!r}, which probtransformer fit does not handle")
+        hint = (
+            ": a number per sequence is fitted in Python by "
+            "probtransformer.sklearn.BayesianTransformerRegressor"
+            if name == "regression"
+            else ""
+        )
+        raise ValueError(
+            f"{what} has task {name!r}, which probtransformer fit does not handle{hint}"
+        )
     return TASKS[name]
 
 

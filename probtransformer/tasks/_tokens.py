@@ -74,14 +74,21 @@ class TokenTask(Task):
     def predict_frame(
         self, path: Path, run: Any, draws: dict, *, warn: Callable[[str], None]
     ) -> Any:
-        """See ``Task.predict_frame``; ``.npy`` of int token ids (N, T) or ``.txt`` inputs."""
+        """See ``Task.predict_frame``; ``.npy`` of int token ids (N, T) or ``.txt`` inputs. A
+        run fitted on ``--data`` reads ``.csv`` or ``.parquet`` tables of the same layout
+        instead, its rows led by the sequence id."""
         import pandas as pd
         import torch
 
         from probtransformer.datasets import SequenceData
+        from probtransformer.tasks._features import read_table_data
 
-        post = run.posterior
-        if path.suffix.lower() == ".npy":
+        post, ids = run.posterior, None
+        if "table" in run.record:
+            data, ids, id_column = read_table_data(path, run)
+            x, mask = data.x.numpy(), None if data.mask is None else data.mask.numpy()
+            vocab = run.record["table"]["vocab"]
+        elif path.suffix.lower() == ".npy":
             x, mask = self._read_token_npy(path), None
             vocab = _run_vocab(run, required=False)
         elif path.suffix.lower() == ".txt":
@@ -116,7 +123,10 @@ class TokenTask(Task):
             frame = self.step_frame(index, pred, run.record, names)
             frames.append(frame[keep.reshape(-1)])
             offset += n
-        return pd.concat(frames, ignore_index=True)
+        out = pd.concat(frames, ignore_index=True)
+        if ids is not None:  # the file's sequence ids for the row numbers
+            out.insert(0, id_column, ids[out.pop("sequence").to_numpy()])
+        return out
 
     def _read_token_npy(self, path: Path) -> np.ndarray:
         """Read int64 token ids of shape (N, T) from a .npy file (T may be below max_len).

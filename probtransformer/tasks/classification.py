@@ -52,15 +52,19 @@ class ClassificationTask(FeatureTask):
         return (SequenceClassifier,)
 
     def build_model(self, meta: dict, options: dict[str, Any], *, model: str = "auto") -> Any:
-        """``SequenceClassifier(in_features, num_classes, max_len)``; see ``Task.build_model``."""
+        """``SequenceClassifier(in_features, num_classes, max_len)``, or with
+        ``vocab_size=len(vocab)`` for token ids (a text column of ``fit --data``); see
+        ``Task.build_model``."""
         from probtransformer.models import SequenceClassifier
 
         self.check_model_choice(model)
         options = dict(options)
         if meta.get("grid") is not None:  # image patches: 2-D positions
             options["grid"] = tuple(meta["grid"])
+        if meta.get("vocab") is not None:
+            options["vocab_size"] = len(meta["vocab"])
         return SequenceClassifier(
-            meta["in_features"], meta["num_classes"], meta["max_len"], **options
+            meta.get("in_features"), meta["num_classes"], meta["max_len"], **options
         )
 
     def evaluate(self, post: Any, splits: Any, draws: dict) -> Evaluation:

@@ -5,6 +5,7 @@ units over every (origin, step) of the test split."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +130,46 @@ class ForecastingTask(FeatureTask):
             "origins:</p>\n" + table(("step", "coverage", "mean width"), rows)
         )
         return {"forecast": section}, pred.samples.shape[0]
+
+    def predict_frame(
+        self, path: Path, run: Any, draws: dict, *, warn: Callable[[str], None]
+    ) -> Any:
+        """See ``FeatureTask.predict_frame``. A run fitted on a ``--data`` series reads a
+        table of the same layout (``.csv`` or ``.parquet``) and forecasts the ``horizon``
+        periods after its last row from its last ``context`` rows: one row, led by
+        ``after`` (that last time).
+
+        Raises:
+            ValueError: the series' own checks (``datasets.tables.read_series``), another
+                number of feature columns, or fewer rows than the context.
+        """
+        data = run.record.get("data") or {}
+        if data.get("task") != "forecasting":
+            return super().predict_frame(path, run, draws, warn=warn)
+        import torch
+
+        from probtransformer.datasets.tables import read_series, read_table
+
+        source = str(path)
+        _, table = read_series(
+            read_table(path), source, target=data["target"], time=data["time"],
+            features=data["features"],
+        )  # fmt: skip
+        context, width = int(data["context"]), run.posterior.model.config["in_features"]
+        if table.shape[1] != width:
+            raise ValueError(
+                f"{source}: the run reads {width} feature column(s), got {table.shape[1]}: "
+                f"{list(table.columns)} (give the columns of the fitted file)"
+            )
+        if len(table) < context:
+            raise ValueError(
+                f"{source}: {len(table)} time steps, but the run forecasts from the last "
+                f"{context} (its --context)"
+            )
+        x = torch.tensor(table.to_numpy()[-context:], dtype=torch.float32)[None]
+        out = self.prediction_frame(run.posterior.predict(x, **draws), run.record)
+        out.insert(0, "after", [table.index[-1]])
+        return out
 
     def prediction_frame(self, pred: Any, record: dict) -> Any:
         """``mean``, ``std``, ``aleatoric``, ``epistemic`` (variances), ``lower``, ``upper`` (90%

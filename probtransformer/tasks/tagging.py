@@ -56,6 +56,12 @@ class TaggingTask(TokenTask):
         from probtransformer.models import TokenTagger
 
         self.check_model_choice(model)
+        if meta.get("vocab") is None:
+            raise ValueError(
+                "tagging reads token ids: its feature must be one text column (a word or "
+                f"character per step), got {meta.get('in_features')} numeric feature(s); numeric "
+                "sequences take one label each (--task classification)"
+            )
         vocab_size = len(meta["vocab"])
         return TokenTagger(
             None, meta["num_classes"], meta["max_len"], vocab_size=vocab_size, **options

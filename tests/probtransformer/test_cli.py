@@ -908,6 +908,7 @@ def test_predict_npy_and_csv_give_the_same_csv(run, splits, tmp_path, capsys):
     common = ["predict", str(run_dir), "--num-samples", str(NUM_SAMPLES), "--input"]
     assert main([*common, str(tmp_path / "x.npy"), "--output", str(tmp_path / "a.csv")]) == 0
     assert main([*common, str(tmp_path / "x.csv"), "--output", str(tmp_path / "b.csv")]) == 0
+    assert capsys.readouterr().out.splitlines() == [f"wrote {tmp_path / f'{n}.csv'}" for n in "ab"]
     assert main([*common, str(tmp_path / "x.npy")]) == 0  # to stdout
     from_stdout = pd.read_csv(io.StringIO(capsys.readouterr().out))
 
@@ -1092,16 +1093,20 @@ def test_predict_bad_input(name, content, message, run, tmp_path, capsys, one_er
 
 @pytest.mark.parametrize(
     "output, words",
-    [("no/p.csv", "cannot write --output"), ("folder", "it is a directory"), ("", "empty string")],
-)
+    [("no/p.csv", "cannot write --output"), ("folder", "it is a directory"), ("", "empty string"),
+     ("p.txt", "name a .csv file, got"), ("x.csv", "is the input file: writing it would destroy")],
+)  # fmt: skip
 def test_predict_unwritable_output_names_the_option(
     output, words, run, splits, tmp_path, capsys, one_error_line
 ):
     (tmp_path / "folder").mkdir()
-    np.save(tmp_path / "x.npy", splits.test.x[:2].numpy())
-    args = ["predict", str(run[0]), "--input", str(tmp_path / "x.npy")]
+    flat = splits.test.x[:2].reshape(2, T * F).numpy()
+    np.savetxt(tmp_path / "x.csv", flat, delimiter=",")
+    before = (tmp_path / "x.csv").read_bytes()
+    args = ["predict", str(run[0]), "--input", str(tmp_path / "x.csv")]
     assert main([*args, "--output", str(tmp_path / output) if output else ""]) == 2
     assert words in one_error_line(capsys)
+    assert (tmp_path / "x.csv").read_bytes() == before
 
 
 def test_predict_csv_with_pandas_default_header(run, splits, tmp_path):

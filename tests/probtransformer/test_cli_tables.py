@@ -90,7 +90,7 @@ def test_bad_tables_are_refused_before_anything_is_written(tmp_path, capsys, arg
 
 def test_table_options_need_data(capsys):
     assert main(["fit", "--target", "y", *TINY]) == 2
-    assert "--target describe --data FILE, which was not given" in capsys.readouterr().err
+    assert "--target describes --data FILE, which was not given" in capsys.readouterr().err
 
 
 @pytest.mark.filterwarnings("ignore:Using `httpx`")
@@ -133,3 +133,35 @@ def test_fit_data_forecasts_one_series_in_its_own_units(tmp_path):
     assert record["task"] == "forecasting" and record["data"]["horizon"] == 3
     assert record["num_test"] == 46  # ceil(0.25 * 184 origins)
     assert main(["report", str(out)]) == 0  # the series read again from the file
+    forecast = tmp_path / "forecast.csv"
+    assert main(["predict", str(out), "--input", str(path), "--output", str(forecast)]) == 0
+    row = pd.read_csv(forecast).iloc[0]  # the 3 days after day 199
+    assert row["after"] == 199
+    assert all(4 < row[f"mean[{h}]"] < 16 for h in range(3))  # sales (7 to 13), not z-scores
+
+
+def test_fit_data_reads_text_for_classification_and_tagging(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    words = {"pos": ["good", "great", "fine"], "neg": ["bad", "awful", "poor"]}
+    rows = [
+        dict(doc=f"d{i:03d}", t=t, word=word, x=rng.normal(), mood=mood, kind=word[0] in "gb")
+        for i in range(60)
+        for mood in ["pos" if i % 2 else "neg"]
+        for t, word in enumerate(rng.choice(words[mood], 5))
+    ]
+    path = tmp_path / "words.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    table = ["--data", str(path), "--id", "doc", "--time", "t"]
+    for target, task in (("mood", "classification"), ("kind", "tagging")):
+        out, predicted = tmp_path / task, tmp_path / f"{task}.csv"
+        args = [*table, "--target", target, "--features", "word", "--task", task]
+        assert main(["fit", *args, "--out", str(out), *TINY, "--num-steps", "300"]) == 0
+        assert main(["predict", str(out), "--input", str(path), "--output", str(predicted)]) == 0
+        frame = pd.read_csv(predicted)
+        assert frame["doc"].iloc[0] == "d000"
+        assert len(frame) == (60 if task == "classification" else 300)
+    assert (frame["predicted"] == frame["token"].str[0].isin(["g", "b"])).mean() > 0.9
+    args = [*table, "--target", "kind", "--features", "x", "--task", "tagging"]
+    assert main(["fit", *args, "--out", str(tmp_path / "numeric"), *TINY]) == 2
+    assert "tagging reads token ids: its feature must be one text column" in capsys.readouterr().err
+    assert not (tmp_path / "numeric").exists()

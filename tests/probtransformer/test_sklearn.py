@@ -262,6 +262,18 @@ def test_bad_inputs_at_fit():
         BayesianTransformerClassifier(d_model=6, num_heads=4).fit(x, y)
     with pytest.raises(NotFittedError):
         BayesianTransformerClassifier().predict_uncertainty(x)
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match=f"num_samples must be None .* got {bad!r}"):
+            BayesianTransformerClassifier(num_samples=bad).fit(x, y)
+
+
+def test_renamed_dataframe_columns_are_refused_at_predict():
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame(rng.normal(size=(20, 6)), columns=[f"t{i}" for i in range(6)])
+    clf = BayesianTransformerClassifier(**TINY).fit(frame, np.arange(20) % 2)
+    with pytest.raises(ValueError, match="Feature names unseen at fit time:\n- u0"):
+        clf.predict(frame.rename(columns={"t0": "u0"}))
+    assert clf.predict(frame).shape == (20,)
 
 
 # -- the other inference methods and the regressor ------------------------------------------

@@ -156,15 +156,15 @@ def _bad(frame, row, column, value):
         (lambda f: _bad(f, 4, "label", None), r"column 'label', row 4 \(line 6\): missing value"),
         (
             lambda f: _bad(f, 5, "label", "a"),
-            r"column 'label': sequence 1 has two targets, 'b' at row 3 \(line 5\) and 'a' at "
+            r"column 'label': sequence '1' has two targets, 'b' at row 3 \(line 5\) and 'a' at "
             r"row 5 \(line 7\)",
         ),
         (
             lambda f: _bad(f, 10, "time", 0),
-            r"column 'time': sequence 3 has time 0 at row 10 \(line 12\) after 1 at row 9 .*"
+            r"column 'time': sequence '3' has time 0 at row 10 \(line 12\) after 1 at row 9 .*"
             r"time steps out of order",
         ),
-        (lambda f: _bad(f, 10, "time", 1), r"sequence 3 has time 1 .* time steps duplicated"),
+        (lambda f: _bad(f, 10, "time", 1), r"sequence '3' has time 1 .* time steps duplicated"),
         (
             lambda f: _bad(f, 13, "v", "high"),
             r"column 'v' mixes types: .* at row 0 \(line 2\) is a number, 'high' at row 13 "
@@ -211,7 +211,9 @@ def test_empty_and_oversized_files_are_refused_unread(tmp_path):
     with pytest.raises(ValueError, match=r"2,048 MiB, more than the 1,024 MiB a table may hold"):
         from_table(huge, target="label")
     assert os.path.getsize(huge) == 2 * 2**30
-    with pytest.raises(ValueError, match=r"expected a .csv or .parquet file, got suffix '.xlsx'"):
+    with pytest.raises(
+        ValueError, match=r"expected a .csv, .csv.gz or .parquet file, got suffix '.xlsx'"
+    ):
         read_table(tmp_path / "book.xlsx")
     with pytest.raises(TypeError, match="table must be a DataFrame or a file path, got list"):
         from_table([1, 2], target="label")
@@ -256,3 +258,49 @@ def test_a_series_round_trips_to_the_built_in_forecasting_windows(tmp_path):
                    horizon=4)  # fmt: skip
     with pytest.raises(ValueError, match="forecasting needs horizon as a positive int"):
         from_table(frame, target="spots", time="year", task="forecasting", context=32)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (dict(id="label"), r"the target, id and time columns must be different columns, got "
+                           r"target='label', id='label'"),
+        (dict(features=["u", "u"]), r"feature column 'u' is listed twice"),
+        (dict(features=["u", "label"]), r"the target column 'label' is also listed as a feature"),
+        (dict(features=["u", "time"]), r"the time column 'time' is also listed as a feature"),
+    ],
+    ids=["target-is-id", "repeated-feature", "target-as-feature", "time-as-feature"],
+)  # fmt: skip
+def test_columns_in_two_roles_are_refused(options, message):
+    columns = dict(target="label", id="id", time="time") | options
+    with pytest.raises(ValueError, match=message):
+        TableSchema.learn(_frame(), **columns)
+
+
+def test_a_written_index_column_and_a_single_class_are_refused(tmp_path):
+    path = tmp_path / "indexed.csv"
+    _frame().to_csv(path)  # pandas writes its index as a column without a name
+    with pytest.raises(ValueError, match=r"column 'Unnamed: 0' has no name: .*index=False"):
+        from_table(path, target="label", id="id", time="time")
+    with pytest.raises(ValueError, match=r"column 'label' holds one class \('b'\): .* at least 2"):
+        TableSchema.learn(_frame().assign(label="b"), target="label", id="id", time="time")
+
+
+def test_ids_stay_text_and_text_times_order_as_dates(tmp_path):
+    frame = _frame()
+    frame["id"] = frame["id"].map("{:04d}".format)  # "0001": not the number 1
+    start = pd.Timestamp("2023-12-30")
+    frame["time"] = [
+        (start + pd.Timedelta(days=int(t))).strftime("%m/%d/%Y") for t in frame["time"]
+    ]
+    path = tmp_path / "dated.csv.gz"
+    frame.to_csv(path, index=False)  # 12/31/2023 then 01/01/2024: out of order as text
+    splits = from_table(path, target="label", id="id", time="time")
+    reference = from_table(_frame(), target="label", id="id", time="time")
+    assert torch.equal(splits.train.x, reference.train.x)
+    assert splits.meta["table"]["id"] == "id"
+    wrong = frame.assign(time=frame["time"].where(frame.index != 4, "soon"))
+    with pytest.raises(
+        ValueError, match=r"column 'time', row 4: time 'soon' is neither a number nor a date"
+    ):
+        from_table(wrong, target="label", id="id", time="time")

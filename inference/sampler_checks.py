@@ -40,11 +40,15 @@ def sampler_lines(stats, record: dict, flag, *, many: bool = False) -> list[str]
     if "diverging" in stats:
         divergent = int(stats["diverging"].sum())
         total = int(stats["diverging"].size)
+        remedy = (  # MCLMC has no acceptance step: a divergence is an energy error blow-up
+            "; lower Tuning.desired_energy_var (a smaller step) or reparameterise"
+            if record.get("kernel") == "mclmc"
+            else "; raise target_accept_prob or reparameterise"
+        )
         lines.append(
             flag(
                 divergent > 0,
-                f"divergent transitions: {divergent} of {total}"
-                + ("; raise target_accept_prob or reparameterise" if divergent else ""),
+                f"divergent transitions: {divergent} of {total}" + (remedy if divergent else ""),
             )
         )
     if "energy" in stats:

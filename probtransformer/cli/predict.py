@@ -9,7 +9,7 @@ from probtransformer.cli._common import CLIError, check_output, given, warn, wri
 from probtransformer.cli.rundir import read_run
 
 #: Input files some task reads (each task refuses the suffixes it does not read).
-INPUT_SUFFIXES = (".npy", ".csv", ".txt", ".parquet", ".pq")  # tables: runs of fit --data
+INPUT_SUFFIXES = (".npy", ".csv", ".txt", ".parquet", ".pq", ".csv.gz")  # tables: fit --data runs
 
 
 def run(args: argparse.Namespace) -> None:
@@ -23,11 +23,18 @@ def run(args: argparse.Namespace) -> None:
     from probtransformer.tasks import task_of
 
     path = Path(args.input)
-    if path.suffix.lower() not in INPUT_SUFFIXES:
-        raise CLIError(f"--input must be a .npy, .csv, .txt or .parquet file, got {args.input!r}")
+    if not path.name.lower().endswith(INPUT_SUFFIXES):
+        raise CLIError(
+            f"--input must be a .npy, .csv, .csv.gz, .txt or .parquet file, got {args.input!r}"
+        )
     if not path.is_file():
         raise CLIError(f"--input {args.input} does not exist or is not a file")
     check_output(args.output, inputs=(args.input,))
+    if (
+        args.output is not None
+        and Path(args.run_dir).resolve() in Path(args.output).resolve().parents
+    ):
+        raise CLIError(f"--output {args.output} is inside the run directory: write it elsewhere")
     fitted = read_run(args.run_dir)
     task = task_of(fitted.posterior.model)
     draws = given(num_samples=args.num_samples, seed=args.seed)

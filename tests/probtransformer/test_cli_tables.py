@@ -161,6 +161,15 @@ def test_fit_data_reads_text_for_classification_and_tagging(tmp_path, capsys):
         assert frame["doc"].iloc[0] == "d000"
         assert len(frame) == (60 if task == "classification" else 300)
     assert (frame["predicted"] == frame["token"].str[0].isin(["g", "b"])).mean() > 0.9
+    gz = tmp_path / "words.csv.gz"
+    pd.read_csv(path).to_csv(gz, index=False)
+    assert main(["predict", str(out), "--input", str(gz), "--output", str(predicted)]) == 0
+    pd.testing.assert_frame_equal(pd.read_csv(predicted), frame)
+    capsys.readouterr()
+    inside = out / "mine.csv"
+    assert main(["predict", str(out), "--input", str(gz), "--output", str(inside)]) == 2
+    assert "is inside the run directory" in capsys.readouterr().err
+    assert not inside.exists()
     args = [*table, "--target", "kind", "--features", "x", "--task", "tagging"]
     assert main(["fit", *args, "--out", str(tmp_path / "numeric"), *TINY]) == 2
     assert "tagging reads token ids: its feature must be one text column" in capsys.readouterr().err

@@ -168,3 +168,30 @@ class Task(abc.ABC):
         """Raise ValueError unless ``model`` is one of ``models``."""
         if model not in self.models:
             raise ValueError(f"model must be one of {self.models} for {self.name}, got {model!r}")
+
+
+def read_table_data(path: Path, run: Any) -> tuple[Any, Any, str | None]:
+    """A table of a ``fit --data`` run's layout, encoded by the run's schema (its scaling and
+    vocabulary; the target column, if present, is not read: new data may lack it or hold
+    classes never seen).
+
+    Returns:
+        ``SequenceData`` (``x`` ``(N, T[, F])``, ``mask`` ``(N, T)``), the ``(N,)`` sequence
+        ids in file order (None for the wide layout), and the id column's name.
+
+    Raises:
+        ValueError: the table's own checks (file, column and row named).
+    """
+    import numpy as np
+    import pandas as pd
+
+    from probtransformer.datasets import SequenceData
+    from probtransformer.datasets.tables import TableSchema, read_table
+
+    schema = TableSchema.from_dict(run.record["table"])
+    frame = read_table(path, text_columns=(schema.id,) if schema.id else ())
+    schema = dataclasses.replace(schema, target=None)
+    data = SequenceData.from_pandas(frame, schema=schema, source=str(path))
+    if schema.id is None:
+        return data, None, None
+    return data, np.asarray(pd.factorize(frame[schema.id], sort=False)[1]), schema.id

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import abc
 import csv
-import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from probtransformer.tasks._base import Task
+from probtransformer.tasks._base import Task, read_table_data
 
 
 class FeatureTask(Task):
@@ -51,32 +50,6 @@ class FeatureTask(Task):
         if ids is not None:
             out.insert(0, id_column, ids)
         return out
-
-
-def read_table_data(path: Path, run: Any) -> tuple[Any, np.ndarray | None, str | None]:
-    """A table of a ``fit --data`` run's layout, encoded by the run's schema (its scaling and
-    vocabulary; the target column, if present, is not read: new data may lack it or hold
-    classes never seen).
-
-    Returns:
-        ``SequenceData`` (``x`` ``(N, T[, F])``, ``mask`` ``(N, T)``), the ``(N,)`` sequence
-        ids in file order (None for the wide layout), and the id column's name.
-
-    Raises:
-        ValueError: the table's own checks (file, column and row named).
-    """
-    import pandas as pd
-
-    from probtransformer.datasets import SequenceData
-    from probtransformer.datasets.tables import TableSchema, read_table
-
-    schema = TableSchema.from_dict(run.record["table"])
-    frame = read_table(path, text_columns=(schema.id,) if schema.id else ())
-    schema = dataclasses.replace(schema, target=None)
-    data = SequenceData.from_pandas(frame, schema=schema, source=str(path))
-    if schema.id is None:
-        return data, None, None
-    return data, np.asarray(pd.factorize(frame[schema.id], sort=False)[1]), schema.id
 
 
 def read_npy(path: Path, in_features: int) -> np.ndarray:

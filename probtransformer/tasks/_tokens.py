@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from probtransformer.tasks._base import TOKEN_INFERENCE_DATA_ROWS, Task
+from probtransformer.tasks._base import TOKEN_INFERENCE_DATA_ROWS, Task, read_table_data
 from probtransformer.tasks._features import load_npy
 
 #: The tagger's learning rate in the text recipe (``benchmarks/studies/text_recipe.py``, round
@@ -81,7 +81,6 @@ class TokenTask(Task):
         import torch
 
         from probtransformer.datasets import SequenceData
-        from probtransformer.tasks._features import read_table_data
 
         post, ids = run.posterior, None
         if "table" in run.record:

@@ -18,6 +18,11 @@ from probtransformer.datasets import SequenceData
 from probtransformer.inference import modes
 from probtransformer.inference._arviz import az, ess, pareto_khat, rhat, rhat_nested
 from probtransformer.inference.arviz import superchain_ids, with_superchain
+from probtransformer.inference.guide_checks import (
+    collapse_line,
+    elbo_line,
+    guide_scale_ratio,
+)
 from probtransformer.inference.guides import AmortizedGuide
 from probtransformer.inference.sampler_checks import sampler_lines, temperature_line
 from probtransformer.layers import BayesLinear
@@ -26,7 +31,6 @@ from probtransformer.layers import BayesLinear
 RHAT_MAX = 1.01
 ESS_PER_CHAIN_MIN = 100
 PARETO_K_MAX = 0.7
-ELBO_CHANGE_PER_OBS_MAX = 0.01
 
 #: Many-chain verdict: nested R-hat (Margossian et al. 2024) and pooled bulk ESS of ``lp`` and
 #: of the log-likelihoods of the first ``PROBE_OBS`` training rows, from ``MANY_CHAINS`` chains.
@@ -58,9 +62,12 @@ def diagnose(
 
     - MCMC: max R-hat > 1.01, min bulk/tail ESS < 100 per chain, divergent transitions, E-BFMI
       < 0.3 in any chain (Betancourt 2016), NUTS transitions at ``max_tree_depth``;
-    - SVI: the mean ELBO moving by more than ``ELBO_CHANGE_PER_OBS_MAX`` nats per training
-      observation between the last two tenths of the steps, and (with ``data``) the PSIS k̂ of
-      the guide as an importance proposal above 0.7 (Yao et al. 2018);
+    - SVI: the mean ELBO moving by more than ``guide_checks.ELBO_CHANGE_PER_OBS_MAX`` nats per
+      training observation between the last two tenths of the steps and by more than 3
+      standard errors of its Monte Carlo noise (``guide_checks.elbo_line``), the guide's sd below
+      ``guide_checks.SCALE_RATIO_MIN`` of the prior's (a posterior collapsed towards a point,
+      ``guide_checks.collapse_line``), and (with ``data``) the PSIS k̂ of the guide as an
+      importance proposal above 0.7 (Yao et al. 2018);
     - both, with ``data``: PSIS-LOO (Vehtari, Gelman & Gabry 2017) with Pareto-k counts.
 
     Sampled posteriors of two or more superchains (chains that share a start,
@@ -93,9 +100,10 @@ def diagnose(
         DataFrame indexed by variable with columns ``size``, ``mean_sd``, ``r_hat_max``,
         ``ess_bulk_min``, ``ess_tail_min`` (and ``nested_r_hat_max``, see above);
         ``attrs["verdict"]`` holds the verdict lines and ``attrs["loo"]`` the LOO figures and
-        ``attrs["guide_k_hat"]`` (SVI) with ``data``; ``attrs["predictive"]`` is
-        ``{"lp": {"nested_r_hat", "r_hat", "ess_bulk"}, "probe_log_lik": {..., "rows"}}`` (each
-        where available) for two or more superchains.
+        ``attrs["guide_k_hat"]`` (SVI) with ``data``; ``attrs["guide_scale_ratio"]`` (SVI:
+        ``guide_checks.guide_scale_ratio``); ``attrs["predictive"]`` is ``{"lp": {"nested_r_hat",
+        "r_hat", "ess_bulk"}, "probe_log_lik": {..., "rows"}}`` (each where available) for two
+        or more superchains.
 
     Raises:
         ValueError: ``idata`` without ``data``; a ``record["superchain"]`` that is not one int
@@ -187,15 +195,17 @@ def diagnose(
         verdict.append(temperature_line(record.get("temperature", 1.0)))
     elbo = record.get("elbo")
     if elbo:
-        change = elbo_change_per_obs(elbo, record["num_data"])
-        verdict.append(
-            _flag(
-                change > ELBO_CHANGE_PER_OBS_MAX,
-                f"ELBO {np.mean(elbo[-max(1, len(elbo) // 10) :]):.1f} nats; it moved "
-                f"{change:.3g} nats per observation over the last tenth of the steps "
-                f"(flag > {ELBO_CHANGE_PER_OBS_MAX}: not converged, the guide is still moving)",
-            )
+        verdict.append(elbo_line(elbo, record["num_data"], _flag))
+    if posterior.guide is not None and not (posterior.is_point_estimate or posterior.mc_dropout):
+        guide = posterior.guide
+        ratio = guide_scale_ratio(
+            guide.global_guide if isinstance(guide, AmortizedGuide) else guide,
+            num_samples or 100,
+            seed=seed,
         )
+        table.attrs["guide_scale_ratio"] = ratio
+        if math.isfinite(ratio):
+            verdict.append(collapse_line(ratio, record.get("init_scale"), _flag))
     if data is not None and isinstance(posterior.guide, AmortizedGuide):
         verdict.append(
             "n/a   PSIS k-hat of the guide: not computed for local latents (stochastic "
@@ -251,17 +261,6 @@ def diagnose(
 def format_table(table: pd.DataFrame) -> str:
     """The diagnostics table as text (4 significant digits)."""
     return table.to_string(float_format=lambda v: f"{v:.4g}")
-
-
-def elbo_change_per_obs(elbo: list[float], num_data: int) -> float:
-    """``|mean(last tenth) - mean(previous tenth)| / num_data`` of an ELBO trace, in nats.
-
-    Per observation rather than relative to the ELBO, which can be near zero.
-    """
-    window = max(1, len(elbo) // 10)
-    last = float(np.mean(elbo[-window:]))
-    previous = float(np.mean(elbo[-2 * window : -window] or elbo[-window:]))
-    return abs(last - previous) / num_data
 
 
 def _flag(bad: bool, text: str) -> str:

@@ -174,7 +174,14 @@ def fit_svi(
             without the first steps' blow-up (the tagger's recipe, ``BENCHMARKS.md``).
         lr_schedule: ``"exponential"`` or ``"cosine"``: the decay after the warm-up.
         num_particles: ELBO particles per step.
-        init_scale: initial guide standard deviation.
+        init_scale: initial guide standard deviation (unconstrained space). Adam moves each
+            log-scale by at most about ``lr`` per step, so the guide's sds can grow to about
+            ``init_scale * exp(sum of the step sizes)`` and no further: 0.033 from 1e-3 with
+            the defaults (3,000 steps, lr 3e-3 decaying to 3e-4), a fraction 0.09 of the
+            digits classifier's prior sd, which is what the main job fits (early-stopped VI,
+            its ELBO still rising; ``benchmarks/BENCHMARKS.md``, issue 44). Fewer steps from
+            1e-3 leave a point estimate (``diagnose`` WARNs); 0.1 lets the sds reach the
+            ELBO's optimum.
         device: ``"auto"``, ``"cpu"``, ``"cuda"`` ...
         seed: seeds initialisation, mini-batches and ELBO samples.
         init_from: a fitted ``Posterior`` of a model with the same class and config to start

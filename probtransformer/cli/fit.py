@@ -367,7 +367,10 @@ def _fit_svi(
     if args.inference in MAP_FITS:
         fit, specific = getattr(inference, MAP_FITS[args.inference]), dict(n_members=args.n_members)
     else:
-        fit, specific = inference.fit_svi, dict(guide=guide or args.guide)
+        fit, specific = (
+            inference.fit_svi,
+            dict(guide=guide or args.guide, init_scale=args.init_scale),
+        )
     checkpoint_dir = args.checkpoint_dir
     if args.checkpoint_every is not None and checkpoint_dir is None:
         checkpoint_dir = _sibling(target, ".checkpoint")

@@ -22,6 +22,7 @@ SVI_OPTIONS = ("guide", "num_steps", "batch_size", "lr", "lr_decay", "lr_warmup"
 #: ``--help`` imports no torch).
 LR_SCHEDULES = ("exponential", "cosine")
 CHECKPOINT_OPTIONS = ("checkpoint_every", "checkpoint_dir", "resume_from")  # svi and map only
+GUIDE_OPTIONS = ("init_scale",)  # the guide's settings: svi only (MAP's AutoDelta has none)
 ENSEMBLE_OPTIONS = ("n_members",)  # fit_ensemble settings: ensemble and mile
 #: fit_mile's own settings: mile only
 MILE_OPTIONS = ("chains_per_member", "thinning")
@@ -218,6 +219,9 @@ def check_applicable(args: argparse.Namespace, task, tasks: dict) -> None:
     if not options and args.inference not in ("svi", "map"):
         options = [_flag(d) for d in CHECKPOINT_OPTIONS if getattr(args, d) is not None]
         applies_to = "--inference svi and map"
+    if not options and args.inference != "svi":
+        options = [_flag(d) for d in GUIDE_OPTIONS if getattr(args, d) is not None]
+        applies_to = "--inference svi"
     if not options and args.inference not in ("ensemble", "mile"):
         options = [_flag(d) for d in ENSEMBLE_OPTIONS if getattr(args, d) is not None]
         applies_to = "--inference ensemble and mile"

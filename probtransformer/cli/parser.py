@@ -267,6 +267,14 @@ def build_parser() -> argparse.ArgumentParser:
         choices=LR_SCHEDULES,
         help="how the learning rate decays after the warm-up, from --lr to --lr x --lr-decay",
     )
+    svi.add_argument(
+        "--init-scale",
+        type=float_in(0, 10, above=True),
+        metavar="S",
+        help="svi only: initial sd of the guide, in (0, 10]; Adam grows it by about --lr per "
+        "step, so from 1e-3 a fit shorter than the default keeps almost none (diagnose WARNs) "
+        "and 0.1 lets it reach the ELBO's optimum",
+    )
     checkpoints = fit.add_argument_group("svi and map only: checkpoints (fit_svi)")
     checkpoints.add_argument(
         "--checkpoint-every",

@@ -567,6 +567,7 @@ def test_mile_fits_an_ensemble_then_chains_per_member(tmp_path, capsys):
         ("map", ["--chains-per-member", "2"], "--chains-per-member applies to --inference mile"),
         ("svi", ["--temperature", "0.5"], "--temperature applies to --inference mcmc, not svi"),
         ("mile", ["--temperature", "0"], "expected a number > 0, finite, got '0'"),
+        ("map", ["--init-scale", "0.1"], "--init-scale applies to --inference svi, not map"),
     ],
 )
 def test_mile_options_are_checked(
@@ -716,6 +717,7 @@ def test_ctrl_c_while_the_fit_is_evaluated_keeps_the_fit(tmp_path, monkeypatch, 
     out = tmp_path / "run"
     (tmp_path / "run.posterior").write_text("someone's file")  # never replaced
     schedule = ["--lr-decay", "0", "--lr-warmup", "0.2", "--lr-schedule", "cosine"]
+    schedule += ["--init-scale", "0.05"]
     assert main(["fit", "--out", str(out), *TINY, "--num-train", "64", *schedule]) == 130
     err = " ".join(capsys.readouterr().err.split())
     kept = tmp_path / "run.posterior-2"
@@ -723,8 +725,8 @@ def test_ctrl_c_while_the_fit_is_evaluated_keeps_the_fit(tmp_path, monkeypatch, 
     assert not out.exists() and (tmp_path / "run.posterior").read_text() == "someone's file"
     post = load_posterior(kept)
     assert post.record["method"] == "svi" and post.record["steps_done"] == 30
-    settings = (post.record[k] for k in ("lr_decay", "lr_warmup", "lr_schedule"))
-    assert tuple(settings) == (0.0, 0.2, "cosine")  # the options reached fit_svi
+    settings = (post.record[k] for k in ("lr_decay", "lr_warmup", "lr_schedule", "init_scale"))
+    assert tuple(settings) == (0.0, 0.2, "cosine", 0.05)  # the options reached fit_svi
 
     assert post.predict(torch.zeros(2, T, F), num_samples=3).probs.shape == (3, 2, C)
     assert post.record["dataset"] == "digits" and post.record["class_names"][:2] == ["0", "1"]

@@ -22,6 +22,7 @@ from sklearn.utils.estimator_checks import (
 )
 
 from probtransformer.inference import Posterior
+from probtransformer.inference.guide_checks import SCALE_RATIO_MIN, guide_scale_ratio
 from probtransformer.sklearn import (
     EXPECTED_FAILED_CHECKS,
     INFERENCES,
@@ -93,6 +94,17 @@ def small_digits():
 def fitted(small_digits):
     x, y, _, _ = small_digits
     return BayesianTransformerClassifier(**SMALL).fit(x, y)
+
+
+def test_a_short_svi_fit_keeps_epistemic_uncertainty(fitted, small_digits):
+    """Issue 44: from fit_svi's init_scale 1e-3, 100 steps left every guide sd near 1e-3
+    and the epistemic part about 1e-4 nats; the estimator starts its guide at 0.1."""
+    _, _, x_test, _ = small_digits
+    assert fitted.predict_uncertainty(x_test).epistemic.mean() > 0.01
+    assert guide_scale_ratio(fitted.posterior_.guide) > SCALE_RATIO_MIN
+    assert fitted.posterior_.record["init_scale"] == 0.1
+    verdict = fitted.posterior_.diagnose(num_samples=20, verbose=False).attrs["verdict"]
+    assert any(line.startswith("ok    guide sd / prior sd") for line in verdict)
 
 
 def test_classifier_learns_digits_and_splits_uncertainty(fitted, small_digits):

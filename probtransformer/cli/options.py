@@ -71,7 +71,10 @@ KERNEL_OPTIONS = {
 #: CLI options named differently from the library parameter they set: (source, parameter).
 LIBRARY_NAMES = {"num_draws": ("mcmc", "num_samples")}
 #: How unset options that are not library parameters read in --help.
-UNSET_HELP = {"num_train": "all", "threads": "torch's"}
+UNSET_HELP = {
+    "num_train": "all",
+    "threads": "1, or one per idle core for large models and batches (cli.threads)",
+}
 UNSET_MCMC_HELP = {"num_samples": "every kept draw"}
 #: How MCMC options whose library default is None (chosen per kernel) read in --help.
 UNSET_KERNEL_HELP = {

@@ -64,9 +64,7 @@ def ms_per_step(d_model: int, batch_size: int, threads: tuple[int, ...], steps: 
         torch.randn(NUM_DATA, SEQ_LEN, IN_FEATURES, generator=g),
         torch.randint(NUM_CLASSES, (NUM_DATA,), generator=g),
     )
-    model = SequenceClassifier(
-        IN_FEATURES, NUM_CLASSES, SEQ_LEN, d_model=d_model, d_ff=2 * d_model
-    )
+    model = SequenceClassifier(IN_FEATURES, NUM_CLASSES, SEQ_LEN, d_model=d_model, d_ff=2 * d_model)
     state = svi_init(model, data, batch_size=batch_size, num_steps=10**6, device="cpu")
     times: dict[int, list[float]] = {n: [] for n in threads}
     previous = torch.get_num_threads()

@@ -185,7 +185,7 @@ def _run(
     with memory_use(FIT_COPIES, "fitting"):  # a model too large to fit is refused unbuilt
         model = task.build_model(meta, _model_options(args), model=args.model)
     threads, threads_chosen = _threads(args, model, splits.train)
-    if parallel is None or parallel.is_main:
+    if args.progress and (parallel is None or parallel.is_main):  # the progress's first line
         print(
             f"{PROG}: fitting on {threads} CPU thread{'s' * (threads != 1)} ({threads_chosen})",
             file=sys.stderr,

@@ -131,7 +131,7 @@ def mcmc_preset(kernel: str = "chees") -> dict[str, Any]:
     Raises:
         ValueError: ``kernel`` is not one of ``KERNELS``.
     """
-    from probtransformer.block import BAYESIAN_PARTS
+    from probtransformer.cli.library_defaults import BAYESIAN_PARTS  # block's, without torch
 
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")

@@ -4,9 +4,9 @@ The models here are made of hundreds of small tensor operations per step. At eac
 intra-op threads split the work and wait for each other; when one of them has lost its core to
 another process, all of them wait. ``benchmarks/studies/svi_threads.py`` measured ms per SVI
 step on 2 cores (``benchmarks/BENCHMARKS.md``, "Intra-op threads"): with other work on the
-machine, two threads were 4-50x slower than one at every size measured, up to d_model 256 with
-mini-batches of 512 sequences; at the digits default (d_model 64, batch 128) the main job's
-3,000 steps took 75 minutes with two threads against about 2 with one. So the default is one
+machine, two threads were 3.4-46x slower than one at every size measured, up to d_model 256
+with mini-batches of 512 sequences; the main job (d_model 64, batch 128, 3,000 steps) took 75
+minutes with two threads on a loaded machine, 5 with one at load 5-7. So the default is one
 thread, unless the work per step is large enough for more threads to pay (``MIN_PARALLEL_WORK``)
 and cores are idle to run them: then one thread per idle core.
 """
@@ -17,10 +17,10 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-#: Multiply-adds of one forward pass of a mini-batch below which ``fit`` uses one thread:
-#: about the d_model-256, 2-layer classifier on 512 sequences of 8 steps, the largest size
-#: measured, where two threads still lost on a shared machine.
-MIN_PARALLEL_WORK = 4e9
+#: Multiply-adds of one forward pass of a mini-batch below which ``fit`` uses one thread: just
+#: above the largest size measured (the d_model-256, 2-layer classifier on 512 sequences of 8
+#: steps, 4.3e9), where two threads still lost 3.7x on a shared machine. The main job: 6.9e7.
+MIN_PARALLEL_WORK = 5e9
 
 
 def forward_work(config: Mapping[str, Any], batch_rows: int) -> float | None:

@@ -137,8 +137,8 @@ class _LineHook:
             self._bar = progress_bar(
                 total=self.transitions, desc=self.kernel.upper(), unit="transitions"
             )
+        self._bar.set_postfix(stage=stage.lower())  # "warmup [1]": Pyro names the chain
         self._bar.update(1)
-        self._bar.set_postfix(stage=stage.lower())
         if self._bar.n >= self.transitions:  # the chain's last transition
             self._bar.close()
             self._bar = None

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import inspect
 import math
 import os
 import sys
@@ -357,12 +356,12 @@ def _threads(args: argparse.Namespace, model, train) -> tuple[int, str]:
         return args.threads, getattr(args, "threads_from", None) or "--threads"
     if os.environ.get("OMP_NUM_THREADS"):  # the user's setting for torch: keep it
         return torch.get_num_threads(), "OMP_NUM_THREADS"
+    from probtransformer.cli.library_defaults import DEFAULTS
     from probtransformer.cli.threads import default_threads, machine_load
-    from probtransformer.inference import fit_svi
 
     batch_size = args.batch_size
     if batch_size is None:  # fit_svi's default; mcmc and mile always come with --threads
-        batch_size = inspect.signature(fit_svi).parameters["batch_size"].default
+        batch_size = int(DEFAULTS["fit"]["batch_size"])
     config = getattr(model, "config", {})
     cores = torch.get_num_threads()
     threads, why = default_threads(

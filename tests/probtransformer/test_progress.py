@@ -77,8 +77,9 @@ def test_fit_svi_progress_false_stays_silent(every_update, capsys):
 def test_nuts_logs_its_transitions_when_stderr_is_a_file(every_update, capsys):
     model, data = _tiny()
     fit_mcmc(
-        model, data, kernel="nuts", num_chains=1, num_warmup=3, num_samples=2, max_tree_depth=2
-    )
+        model, data, kernel="nuts", num_chains=1, num_warmup=3, num_samples=2, max_tree_depth=2,
+        map_steps=10,
+    )  # fmt: skip
     lines = _lines(capsys.readouterr().err, "NUTS")
     assert int(lines[-1]["n"]) == int(lines[-1]["total"]) == 5
     assert lines[-1]["unit"] == "transitions" and lines[-1].string.endswith("stage=sample")
@@ -86,6 +87,6 @@ def test_nuts_logs_its_transitions_when_stderr_is_a_file(every_update, capsys):
 
 def test_chees_logs_its_transitions_when_stderr_is_a_file(every_update, capsys):
     model, data = _tiny()
-    fit_mcmc(model, data, kernel="chees", num_chains=2, num_warmup=3, num_samples=2)
+    fit_mcmc(model, data, kernel="chees", num_chains=2, num_warmup=3, num_samples=2, map_steps=10)
     lines = _lines(capsys.readouterr().err, "chees (eager)")
     assert int(lines[-1]["n"]) == int(lines[-1]["total"]) == 5

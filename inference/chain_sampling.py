@@ -16,8 +16,8 @@ import warnings
 from dataclasses import dataclass
 
 import torch
-from tqdm.auto import tqdm
 
+from probtransformer._progress import progress_bar
 from probtransformer.inference.compiled import CompiledPass, attach
 from probtransformer.inference.distributed import DataParallel, broadcast_state
 from probtransformer.inference.mclmc import BLACKJAX_TUNING, MCLMC, Tuning
@@ -132,7 +132,9 @@ def sample_chains(
     clock = {"warmup": time.perf_counter()}
     path = "compiled" if density.compiled is not None else "eager"
     total = settings.num_warmup + settings.num_samples
-    with tqdm(total=total, disable=not progress, desc=f"{kernel} ({path})", leave=False) as bar:
+    desc = f"{kernel} ({path})"
+    bar = progress_bar(total=total, progress=progress, desc=desc, unit="transitions", leave=False)
+    with bar:
         try:
             for z, draw_stats in draws:  # each warm-up transition or tuning step yields None
                 bar.update(1)

@@ -31,6 +31,7 @@ References: ``torch.fx.experimental.proxy_tensor.make_fx``; ``torch.compile`` (A
 from __future__ import annotations
 
 import math
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -114,7 +115,9 @@ class CompiledPass:
         names = list((density.parameters or {}).keys())
         chains, rows = len(z), len(index)
         if self.progress:
-            tqdm.write(f"compiling the log density of {chains} chains x {rows} rows ...")
+            tqdm.write(
+                f"compiling the log density of {chains} chains x {rows} rows ...", file=sys.stderr
+            )
         start = time.perf_counter()
         every = density.parameters
 

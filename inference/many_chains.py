@@ -25,8 +25,8 @@ from collections.abc import Callable
 import pyro
 import torch
 from pyro import poutine
-from tqdm.auto import tqdm
 
+from probtransformer._progress import progress_bar
 from probtransformer.inference._runtime import pyro_scope, reinitialised_copy, seeded
 from probtransformer.inference.chain_sampling import KernelSettings, sample_chains
 from probtransformer.inference.compiled import CompiledPass, attach
@@ -263,7 +263,7 @@ def map_fit(
     order = torch.randperm(n, device=z.device)
     position = 0
     lp = torch.full((len(z),), math.nan, device=z.device)
-    for step in tqdm(range(steps), disable=not progress, desc=desc, leave=False):
+    for step in progress_bar(range(steps), progress=progress, desc=desc, leave=False):
         if position + size > n:
             order, position = torch.randperm(n, device=z.device), 0
         rows = None if size == n else order[position : position + size]

@@ -5,6 +5,7 @@ collects what the chains send (Ctrl-C included)."""
 from __future__ import annotations
 
 import math
+import sys
 import warnings
 
 import pyro
@@ -14,6 +15,7 @@ from pyro.infer.autoguide.initialization import InitMessenger, init_to_uniform
 from pyro.infer.mcmc import HMC, MCMC, NUTS
 from pyro.infer.reparam import LocScaleReparam
 
+from probtransformer._progress import progress_bar
 from probtransformer.attention import LOCAL_LATENT
 from probtransformer.inference._pyro_compat import (
     ChainRecorder,
@@ -118,6 +120,30 @@ class RecordingNUTS(_SampleStats, TreeHook, NUTS):
         self.transition_trees.append(tree)
 
 
+class _LineHook:
+    """Pyro MCMC's ``hook_fn`` when stderr is no terminal: a chain's progress as plain lines
+    (``_progress.progress_bar``). Pickled into the worker process of each chain when Pyro runs
+    them in parallel; its bar is made where it runs."""
+
+    def __init__(self, kernel: str, transitions: int) -> None:
+        self.kernel, self.transitions = kernel, transitions
+        self._bar = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_bar": None}
+
+    def __call__(self, kernel, params, stage: str, i: int) -> None:
+        if self._bar is None:  # a chain's first transition
+            self._bar = progress_bar(
+                total=self.transitions, desc=self.kernel.upper(), unit="transitions"
+            )
+        self._bar.set_postfix(stage=stage.lower())  # "warmup [1]": Pyro names the chain
+        self._bar.update(1)
+        if self._bar.n >= self.transitions:  # the chain's last transition
+            self._bar.close()
+            self._bar = None
+
+
 def run_pyro_kernel(model, train, kept, settings: dict, step_size, seed, progress):
     """Pyro's NUTS or HMC; ``(samples, sample_stats, {"partial", "parallel"})``. Stochastic
     attention's per-logit draws are still among the samples."""
@@ -144,6 +170,9 @@ def run_pyro_kernel(model, train, kept, settings: dict, step_size, seed, progres
                 density, trajectory_length=settings["trajectory_length"], **common
             )
         partial = False
+        # Pyro's bar needs a terminal; in a log each chain writes plain lines (_LineHook)
+        lines = progress and not sys.stderr.isatty()
+        transitions = settings["num_warmup"] + settings["num_samples"]
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="num_chains=.*Chains will be drawn")
             mcmc = MCMC(
@@ -152,7 +181,8 @@ def run_pyro_kernel(model, train, kept, settings: dict, step_size, seed, progres
                 warmup_steps=settings["num_warmup"],
                 num_chains=settings["num_chains"],
                 mp_context="spawn" if device.type == "cuda" else None,
-                disable_progbar=not progress,
+                disable_progbar=not progress or lines,
+                hook_fn=_LineHook(settings["kernel"], transitions) if lines else None,
             )
             received = ChainRecorder(mcmc)
             try:

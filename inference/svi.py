@@ -16,8 +16,8 @@ import os
 import time
 
 import torch
-from tqdm.auto import tqdm
 
+from probtransformer._progress import progress_bar
 from probtransformer.datasets import SequenceData
 from probtransformer.inference.checkpoint import (
     load_checkpoint,
@@ -200,7 +200,8 @@ def fit_svi(
             rank's per-row draws start from rank 0's RNG state). ``batch_size`` must be
             divisible by the world size. Only rank 0 shows progress and writes checkpoints; a
             checkpoint resumes under any world size, or in one process.
-        progress: show a tqdm bar with the running ELBO.
+        progress: show a tqdm bar with the running ELBO (on a terminal; otherwise a line on
+            stderr every 30 s with the step, ELBO, rate and ETA: ``_progress.progress_bar``).
         checkpoint_every: write a checkpoint to ``checkpoint_dir`` every this many steps.
         checkpoint_dir: directory of the checkpoint (``inference.checkpoint``; replaced
             atomically each time). Ctrl-C also saves the state at the start of the step it
@@ -245,13 +246,12 @@ def fit_svi(
     if resume_from is not None:
         restore_svi_checkpoint(state, resume_from)
     writes = state.parallel is None or state.parallel.is_main
-    # disable=None: no bar when output is not a terminal (logs stay readable)
-    bar = tqdm(
+    bar = progress_bar(
         range(state.step, num_steps),
+        progress=progress and writes,
         desc="SVI",
         initial=state.step,
         total=num_steps,
-        disable=None if progress and writes else True,
         leave=False,
     )
     try:

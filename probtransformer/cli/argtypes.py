@@ -6,8 +6,6 @@ import argparse
 import math
 from collections.abc import Callable
 
-from probtransformer.validation import check_int
-
 
 def int_in(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
     """argparse type: an integer >= ``minimum`` (and <= ``maximum`` when given)."""
@@ -17,10 +15,9 @@ def int_in(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
             value = int(_plain(text))
-            check_int("value", value, minimum=minimum)
         except ValueError:
             value = None
-        if value is None or (maximum is not None and value > maximum):
+        if value is None or value < minimum or (maximum is not None and value > maximum):
             raise argparse.ArgumentTypeError(f"expected an integer {expected}, got {text!r}")
         return value
 

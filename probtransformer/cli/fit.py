@@ -66,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
     if is_run_dir(target):  # said before fitting: Ctrl-C now keeps it
         warn(f"--out {target} holds an earlier run; this fit replaces it once it is written")
     asked_batch_size = args.batch_size  # before the preset fills it in
+    threads_from = "--threads" if args.threads is not None else None  # or the preset's
     if args.inference == "mcmc":
         from probtransformer.tasks._tokens import TokenTask
 
@@ -74,6 +75,9 @@ def run(args: argparse.Namespace) -> int:
         args = with_mile_preset(args, task.fit_preset)
     else:
         args = with_svi_preset(args, task.fit_preset)
+    if threads_from is None and args.threads is not None:
+        threads_from = f"the {args.inference} preset"
+    args.threads_from = threads_from
     parallel = _joined_process_group(args)
     try:
         return _run(args, task, guide, target, parallel, asked_batch_size, splits)
@@ -179,7 +183,14 @@ def _run(
 
     with memory_use(FIT_COPIES, "fitting"):  # a model too large to fit is refused unbuilt
         model = task.build_model(meta, _model_options(args), model=args.model)
-    with _intra_op_threads(args.threads):
+    threads, threads_chosen = _threads(args, model, splits.train)
+    if args.progress and (parallel is None or parallel.is_main):  # the progress's first line
+        print(
+            f"{PROG}: fitting on {threads} CPU thread{'s' * (threads != 1)} ({threads_chosen})",
+            file=sys.stderr,
+            flush=True,
+        )
+    with _intra_op_threads(threads):
         start = time.perf_counter()
         if args.inference == "mcmc":
             post = _fit_mcmc(model, splits.train, args, parallel is not None)
@@ -238,6 +249,7 @@ def _run(
                 seed=args.seed,
                 device=str(post.device),
                 threads=torch.get_num_threads(),
+                threads_chosen=threads_chosen,
             )
             record |= _data_record(meta)
             write_run(target, post, splits, record, draws, task, evaluation)
@@ -333,6 +345,29 @@ def _prediction_draws(post, num_samples: int | None) -> int | None:
     if num_samples is None and post.samples is not None:
         return math.prod(next(iter(post.samples.values())).shape[:2])  # chains x draws
     return num_samples
+
+
+def _threads(args: argparse.Namespace, model, train) -> tuple[int, str]:
+    """``(threads, why)``: ``--threads`` or the preset's, else ``OMP_NUM_THREADS``'s, else
+    ``cli.threads.default_threads`` for the model and the rows of one step."""
+    import torch
+
+    if args.threads is not None:
+        return args.threads, getattr(args, "threads_from", None) or "--threads"
+    if os.environ.get("OMP_NUM_THREADS"):  # the user's setting for torch: keep it
+        return torch.get_num_threads(), "OMP_NUM_THREADS"
+    from probtransformer.cli.library_defaults import DEFAULTS
+    from probtransformer.cli.threads import default_threads, machine_load
+
+    batch_size = args.batch_size
+    if batch_size is None:  # fit_svi's default; mcmc and mile always come with --threads
+        batch_size = int(DEFAULTS["fit"]["batch_size"])
+    config = getattr(model, "config", {})
+    cores = torch.get_num_threads()
+    threads, why = default_threads(
+        config, min(batch_size, len(train)), cores=cores, load=machine_load()
+    )
+    return threads, f"{why}; --threads N sets it"
 
 
 @contextlib.contextmanager

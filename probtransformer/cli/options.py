@@ -72,7 +72,10 @@ KERNEL_OPTIONS = {
 #: CLI options named differently from the library parameter they set: (source, parameter).
 LIBRARY_NAMES = {"num_draws": ("mcmc", "num_samples")}
 #: How unset options that are not library parameters read in --help.
-UNSET_HELP = {"num_train": "all", "threads": "torch's"}
+UNSET_HELP = {
+    "num_train": "all",
+    "threads": "1, or one per idle core for large models and batches (cli.threads)",
+}
 UNSET_MCMC_HELP = {"num_samples": "every kept draw"}
 #: How MCMC options whose library default is None (chosen per kernel) read in --help.
 UNSET_KERNEL_HELP = {
@@ -129,7 +132,7 @@ def mcmc_preset(kernel: str = "chees") -> dict[str, Any]:
     Raises:
         ValueError: ``kernel`` is not one of ``KERNELS``.
     """
-    from probtransformer.block import BAYESIAN_PARTS
+    from probtransformer.cli.library_defaults import BAYESIAN_PARTS  # block's, without torch
 
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")

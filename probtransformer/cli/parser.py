@@ -25,6 +25,7 @@ from probtransformer.cli.argtypes import (
     seed,
 )
 from probtransformer.cli.help import LibraryDefaultsFormatter
+from probtransformer.cli.library_defaults import DATASET_NAMES as DATASET_NAMES_TABLE
 from probtransformer.cli.options import (
     INFERENCES,
     INITS,
@@ -61,17 +62,13 @@ class _Parser(argparse.ArgumentParser):
 
 
 class _DatasetNames:
-    """Lazy ``choices`` for ``--dataset``: the names of ``datasets.available()``.
+    """``choices`` for ``--dataset``: the names of ``datasets.available()``, in any case.
 
-    Listing them imports torch, so it happens only when a dataset name is checked or the
-    ``fit`` help is printed, never for ``probtransformer --help``.
+    Listing them from the registry imports torch; ``library_defaults.DATASET_NAMES`` names
+    them without (and is tested to be the registry's).
     """
 
-    @functools.cached_property
-    def _names(self) -> list[str]:
-        from probtransformer import datasets
-
-        return datasets.available()["name"].tolist()
+    _names = DATASET_NAMES_TABLE
 
     def __contains__(self, name: object) -> bool:
         return name in self._names
@@ -238,7 +235,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", metavar="DIR", help="run directory (default: runs/<dataset>-<inference>)"
     )
     fit.add_argument(
-        "--no-progress", dest="progress", action="store_false", help="hide the progress bar"
+        "--no-progress",
+        dest="progress",
+        action="store_false",
+        help="hide the progress bar (and the line on threads before it)",
     )
     svi = fit.add_argument_group("svi, map, mc-dropout, ensemble and mile only")
     svi.add_argument(

@@ -4,6 +4,7 @@ One tiny SVI run and one tiny MCMC run (module-scoped) are shared by the fit, di
 predict tests.
 """
 
+import argparse
 import contextlib
 import inspect
 import io
@@ -164,6 +165,24 @@ def test_fit_prints_the_metrics(run):
     for key in ("accuracy", "nll", "ece", "brier", "mean_epistemic"):
         assert re.search(rf"^\s+{key}\s+{record[key]:.4f}", printed, re.MULTILINE), printed
     assert f"{record['num_train']} train / {record['num_test']} test" in printed
+
+
+def test_fit_records_its_threads_and_why(run, mcmc_run):
+    record = json.loads((run[0] / "metrics.json").read_text())
+    # the d_model-16 model on 128 rows: one thread, whatever the machine
+    assert record["threads"] == 1 and "too small" in record["threads_chosen"]
+    record = json.loads((mcmc_run[0] / "metrics.json").read_text())
+    assert (record["threads"], record["threads_chosen"]) == (1, "the mcmc preset")
+
+
+def test_fit_threads_given_or_from_the_environment_are_kept(monkeypatch):
+    from probtransformer.cli.fit import _threads
+
+    given = argparse.Namespace(threads=2, threads_from=None, batch_size=None)
+    assert _threads(given, None, range(10)) == (2, "--threads")
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    unset = argparse.Namespace(threads=None, threads_from=None, batch_size=None)
+    assert _threads(unset, None, range(10)) == (torch.get_num_threads(), "OMP_NUM_THREADS")
 
 
 def test_fit_inference_data_netcdf(run, splits):

@@ -33,6 +33,7 @@ DEFAULTS: dict[str, dict[str, str]] = {
         "lr_decay": "0.1",
         "lr_warmup": "0.0",
         "lr_schedule": "exponential",
+        "init_scale": "0.001",
         "device": "auto",
         "seed": "0",
         "progress": "True",

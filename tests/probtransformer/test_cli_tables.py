@@ -155,6 +155,8 @@ def test_fit_data_reads_text_for_classification_and_tagging(tmp_path, capsys):
     for target, task in (("mood", "classification"), ("kind", "tagging")):
         out, predicted = tmp_path / task, tmp_path / f"{task}.csv"
         args = [*table, "--target", target, "--features", "word", "--task", task]
+        if task == "tagging":  # the preset's lr 0.06 is tuned for 1,000 steps: in 300, seed 0
+            args += ["--lr", "0.03"]  # diverged to 0.35 per-character accuracy on this CPU
         assert main(["fit", *args, "--out", str(out), *TINY, "--num-steps", "300"]) == 0
         assert main(["predict", str(out), "--input", str(path), "--output", str(predicted)]) == 0
         frame = pd.read_csv(predicted)

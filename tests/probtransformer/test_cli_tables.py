@@ -59,6 +59,15 @@ def test_predict_reads_the_same_layout_and_names_ids_and_classes(table_run, tmp_
     assert {f"prob_{c}" for c in OUTCOMES} <= set(pred.columns)
 
 
+def test_predict_names_a_missing_cell_as_the_file_writes_it(table_run, tmp_path, capsys):
+    root, data = table_run
+    new = pd.read_csv(data).head(20).drop(columns="outcome").astype({"hr": object})
+    new.loc[7, "hr"] = "n/a"  # pandas reads it as NaN
+    new.to_csv(tmp_path / "new.csv", index=False)
+    assert main(["predict", str(root / "run"), "--input", str(tmp_path / "new.csv")]) == 2
+    assert "column 'hr', row 7 (line 9): 'n/a' (features" in capsys.readouterr().err
+
+
 def test_report_rereads_the_table_and_refuses_a_changed_one(table_run, capsys):
     root, data = table_run
     assert main(["report", str(root / "run")]) == 0

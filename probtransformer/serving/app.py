@@ -379,9 +379,12 @@ class APIKey:
         self.app = app
         self.key = key.encode()
 
+    def _open(self, path: str) -> bool:
+        """``path`` needs no key: ``/health``, the docs pages and their scripts."""
+        return path in self.OPEN or path.startswith(f"{DOCS_ASSETS}/")
+
     async def __call__(self, scope, receive, send) -> None:
-        path = scope["path"]
-        if scope["type"] != "http" or path in self.OPEN or path.startswith(f"{DOCS_ASSETS}/"):
+        if scope["type"] != "http" or self._open(scope["path"]):
             await self.app(scope, receive, send)
             return
         scheme, _, given = dict(scope["headers"]).get(b"authorization", b"").partition(b" ")

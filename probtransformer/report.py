@@ -105,7 +105,8 @@ th { background: #f4f4f4; } td.text, th.text { text-align: left; }
 img { max-width: 100%; height: auto; display: block; margin: 0.8rem 0; }
 pre { background: #f7f7f7; padding: 0.8rem; font-size: 0.85rem;
       white-space: pre-wrap; overflow-wrap: anywhere; }
-table.settings td { overflow-wrap: anywhere; } table.settings td:nth-child(2) { text-align: left; }
+table.settings td { overflow-wrap: anywhere; }
+table.settings td:nth-child(2), table.settings th:nth-child(2) { text-align: left; }
 nav a { margin-right: 1rem; } .note { color: #555; }
 """
 

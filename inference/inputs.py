@@ -249,22 +249,44 @@ def as_inputs(
     )
 
 
+class InputRangeWarning(UserWarning):
+    """Features far outside the training range: inputs preprocessed unlike the training data."""
+
+
 def _warn_out_of_range(x: torch.Tensor, x_range: list[float] | None) -> None:
     """Warn when features lie far outside the training range (a preprocessing mismatch)."""
     message = out_of_range_message(x, x_range)
     if message is not None:
         # stacklevel: as_inputs <- Posterior._inputs <- predict <- the caller
-        warnings.warn(message, UserWarning, stacklevel=5)
+        warnings.warn(message, InputRangeWarning, stacklevel=5)
 
 
-def out_of_range_message(x: torch.Tensor, x_range: list[float] | None) -> str | None:
+def out_of_range_message(
+    x: torch.Tensor,
+    x_range: list[float] | None,
+    *,
+    loc: list[float] | None = None,
+    scale: list[float] | None = None,
+    names: list[str] | None = None,
+) -> str | None:
     """Why features ``x`` look preprocessed unlike the training data: they reach more than one
     training span ``x_range = [low, high]`` beyond it; None when they do not (or for token ids,
-    or without a recorded range)."""
-    if not x_range or not x.is_floating_point():
+    or without a recorded range).
+
+    Args:
+        x: the model's inputs, ``(..., F)`` floats (or token ids: no check).
+        x_range: ``[low, high]`` of the training inputs (``record["x_range"]``).
+        loc, scale: ``(F,)``: the model's inputs are ``(raw - loc) / scale`` of a file's
+            columns (a ``fit --data`` run). The check is the same, but the message gives each
+            far-off feature (up to 3, named by ``names``) in the file's units: its span, and
+            ``x_range`` with the standardization undone.
+    """
+    if not x_range or not x.is_floating_point() or x.numel() == 0:
         return None
     low, high = x_range
     span = max(high - low, 1e-12)
+    if loc is not None and scale is not None:
+        return _raw_out_of_range_message(x, low, high, span, loc, scale, names)
     got_low, got_high = float(x.min()), float(x.max())
     if got_low < low - span or got_high > high + span:
         return (
@@ -272,3 +294,21 @@ def out_of_range_message(x: torch.Tensor, x_range: list[float] | None) -> str | 
             f"[{low:.4g}, {high:.4g}]: check that the inputs are preprocessed as in training"
         )
     return None
+
+
+def _raw_out_of_range_message(x, low, high, span, loc, scale, names) -> str | None:
+    """``out_of_range_message`` per feature in the units of the file before standardization."""
+    loc_ = torch.tensor(loc, dtype=torch.float64)
+    scale_ = torch.tensor(scale, dtype=torch.float64)
+    raw = x.reshape(-1, x.shape[-1]).double() * scale_ + loc_  # (M, F), the file's units
+    got_low, got_high = raw.min(0).values, raw.max(0).values
+    train_low, train_high = loc_ + low * scale_, loc_ + high * scale_
+    far = (got_low < train_low - span * scale_) | (got_high > train_high + span * scale_)
+    if not far.any():
+        return None
+    parts = [
+        f"{names[f] if names else f'feature {f}'} spans [{got_low[f]:.4g}, {got_high[f]:.4g}] "
+        f"but its training values lay within [{train_low[f]:.4g}, {train_high[f]:.4g}]"
+        for f in far.nonzero().flatten().tolist()[:3]
+    ]
+    return "; ".join(parts) + ": check that the inputs are preprocessed as in training"

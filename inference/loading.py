@@ -28,7 +28,8 @@ def load_posterior(path: str | os.PathLike, *, device: str | torch.device = "cpu
     model class is built, and nothing named by the files is imported.
 
     Args:
-        path: the directory.
+        path: the directory ``Posterior.save`` wrote, or a run directory of
+            ``probtransformer fit`` (its ``posterior/``).
         device: where to place the model (``"auto"`` for CUDA when available).
 
     Raises:
@@ -41,12 +42,11 @@ def load_posterior(path: str | os.PathLike, *, device: str | torch.device = "cpu
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
     path = Path(path)
-    if not (path / META_FILE).is_file() or not (path / TENSORS_FILE).is_file():
-        hint = ""
-        if (path / "posterior" / META_FILE).is_file():
-            hint = f": it holds one, load {path / 'posterior'}"
+    if not _is_saved(path) and _is_saved(path / RUN_POSTERIOR_DIR):  # a run directory
+        path = path / RUN_POSTERIOR_DIR
+    if not _is_saved(path):
         raise FileNotFoundError(
-            f"{path} is not a saved posterior (no {META_FILE} / {TENSORS_FILE}){hint}"
+            f"{path} is not a saved posterior (no {META_FILE} / {TENSORS_FILE})"
         )
     device = resolve_device(device)
     meta = read_versioned_json(path / META_FILE, FORMAT_VERSION)
@@ -95,6 +95,15 @@ def load_posterior(path: str | os.PathLike, *, device: str | torch.device = "cpu
             f"{path} holds a damaged saved posterior, or its {META_FILE} and {TENSORS_FILE} do not "
             f"match: {_first_line(e)}"
         ) from e
+
+
+#: Where a run directory of ``probtransformer fit`` keeps its posterior.
+RUN_POSTERIOR_DIR = "posterior"
+
+
+def _is_saved(path: Path) -> bool:
+    """``path`` holds the two files of ``Posterior.save``."""
+    return (path / META_FILE).is_file() and (path / TENSORS_FILE).is_file()
 
 
 def _first_line(error: BaseException) -> str:

@@ -35,6 +35,7 @@
 import os
 
 import arviz as az
+import pandas as pd
 import torch
 from matplotlib.figure import Figure
 
@@ -44,6 +45,7 @@ from probtransformer.inference import fit_svi
 from probtransformer.models import SequenceClassifier
 
 SMOKE = os.environ.get("PROBTRANSFORMER_SMOKE") == "1"
+pd.set_option("display.max_columns", None, "display.width", 200)  # print every column
 
 # %% [markdown]
 # ## 1. Data: each 8x8 digit image is a sequence of 8 rows
@@ -93,7 +95,7 @@ fit_options = dict(num_steps=30, batch_size=64) if SMOKE else {}
 post = fit_svi(model, train, seed=0, **fit_options)
 elbo = post.record["elbo"]
 print(f"{len(elbo)} steps in {post.record['seconds']:.1f} s, final ELBO {elbo[-1]:.1f} nats")
-{name: tuple(shape) for name, shape in post.latent_shapes.items()}
+print({name: tuple(shape) for name, shape in post.latent_shapes.items()})
 
 
 # %%
@@ -122,7 +124,7 @@ num_samples = 10 if SMOKE else 100
 pred = post.predict(test.x, test.mask, num_samples=num_samples, seed=0)
 assert pred.probs.shape == (num_samples, len(test), num_classes)
 report = metrics.classification_report(pred.mean, test.y)
-{name: round(value, 4) for name, value in report.items()}
+print({name: round(value, 4) for name, value in report.items()})
 
 # %%
 plots.reliability_figure(pred.mean, test.y, title="test split")
@@ -144,7 +146,7 @@ table["label"] = [str(c) for c in test.y.tolist()]
 table["correct"] = table["predicted"] == table["label"]
 columns = ["label", "predicted", "correct", "entropy", "aleatoric", "epistemic"]
 uncertain = table.sort_values("entropy", ascending=False)[columns].head(8)
-uncertain.round(3)
+print(uncertain.round(3))
 
 
 # %%
@@ -186,7 +188,7 @@ att.plot(0)
 
 # %%
 idata = post.to_inference_data(train, test=test, num_samples=num_samples, seed=0)
-idata.groups()
+print(idata.groups())
 
 # %% [markdown]
 # `az.summary` gives posterior means, standard deviations and highest-density intervals. The
@@ -198,11 +200,11 @@ idata.groups()
 
 # %%
 logit_scales = [name for name in idata.posterior.data_vars if name.endswith("logit_scale")]
-az.summary(idata, var_names=logit_scales, kind="stats")
+print(az.summary(idata, var_names=logit_scales, kind="stats"))
 
 # %%
 first_query = {"attention_obs": [0], "layer": [0], "head": [0], "query": [0]}
-az.summary(idata, var_names=["attention"], coords=first_query, kind="stats")
+print(az.summary(idata, var_names=["attention"], coords=first_query, kind="stats"))
 
 # %% [markdown]
 # PSIS-LOO estimates the expected log predictive density on new data from the training fit
@@ -213,7 +215,7 @@ az.summary(idata, var_names=["attention"], coords=first_query, kind="stats")
 # predictive quality.
 
 # %%
-az.loo(idata)
+print(az.loo(idata))
 
 # %% [markdown]
 # `post.diagnose` collects the checks in one table with one row per latent variable group (not
@@ -224,4 +226,4 @@ az.loo(idata)
 # Pareto k values call for caution with LOO.
 
 # %%
-post.diagnose(train, num_samples=num_samples)
+print(post.diagnose(train, num_samples=num_samples))

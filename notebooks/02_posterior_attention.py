@@ -54,6 +54,7 @@ from probtransformer.inference import fit_svi
 from probtransformer.models import SequenceClassifier
 
 SMOKE = os.environ.get("PROBTRANSFORMER_SMOKE") == "1"
+pd.set_option("display.max_columns", None, "display.width", 200)  # print every column
 # Small models: a second intra-op thread costs more in synchronisation than it saves.
 torch.set_num_threads(1)
 
@@ -224,7 +225,7 @@ for name, post in posts.items():
         row[f"band mass L{layer}"] = float(mass[:, layer].mean())
         row[f"L{layer} [5%, 95%]"] = f"[{low[layer]:.3f}, {high[layer]:.3f}]"
     rows[name] = row
-pd.DataFrame(rows).T.round(3)
+print(pd.DataFrame(rows).T.round(3))
 
 # %% [markdown]
 # In a full run (seed 0, 1,212 training digits, 450 test digits): without guidance the band
@@ -310,7 +311,7 @@ table = pd.DataFrame(
 )
 table["in window"] = (table["query"] - table["key"]).abs() <= 1
 relevant = table[table["mean"] >= 0.1].sort_values("width")
-pd.concat({"most certain": relevant.head(5), "least certain": relevant.tail(5)}).round(3)
+print(pd.concat({"most certain": relevant.head(5), "least certain": relevant.tail(5)}).round(3))
 
 # %% [markdown]
 # ## 5. The same question in ArviZ
@@ -369,7 +370,9 @@ def forest_figure(idata: dict, coords: dict) -> Figure:
 forest_figure(idata, one_row)
 
 # %%
-az.summary(idata["weak"], var_names=["attention"], coords=one_row, kind="stats", hdi_prob=0.9)
+print(
+    az.summary(idata["weak"], var_names=["attention"], coords=one_row, kind="stats", hdi_prob=0.9)
+)
 
 # %% [markdown]
 # ## 6. Where did the data move attention away from the guidance?
@@ -450,7 +453,7 @@ for name, draws in offsets.items():
             ),
             "max log(att / guidance) outside": float((att_l / guidance).log()[:, ~band].max()),
         }
-pd.DataFrame(summary).T.rename_axis(["prior", "layer"]).round(3)
+print(pd.DataFrame(summary).T.rename_axis(["prior", "layer"]).round(3))
 
 # %% [markdown]
 # How wide could the posterior sd have grown? The guide's scales start at `init_scale`
@@ -472,7 +475,7 @@ spread = {
     }
     for name, post in posts.items()
 }
-pd.DataFrame(spread).T.rename_axis("posterior sd").round(4)
+print(pd.DataFrame(spread).T.rename_axis("posterior sd").round(4))
 
 # %% [markdown]
 # What this says in a full run:

@@ -48,6 +48,7 @@ from probtransformer.inference.diagnostics import format_table
 from probtransformer.models import SequenceClassifier
 
 SMOKE = os.environ.get("PROBTRANSFORMER_SMOKE") == "1"
+pd.set_option("display.max_columns", None, "display.width", 200)  # print every column
 # The model is tiny: a second intra-op thread costs more in synchronisation than it saves
 # (NUTS ran 2.5x slower with two threads on two cores).
 torch.set_num_threads(1)
@@ -188,7 +189,7 @@ assert idata["NUTS"].log_likelihood["y"].sizes["obs"] == N
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # high-Pareto-k warnings: counted in the verdicts above
     comparison = az.compare(idata, ic="loo")
-comparison.round(2)
+print(comparison.round(2))
 
 # %% [markdown]
 # ## 5. Test-split predictions
@@ -206,7 +207,7 @@ for name, post, num_samples in (("SVI", svi, NUM_SAMPLES), ("NUTS", nuts, chains
         **metrics.classification_report(pred.mean, test.y),
         "mean_epistemic": float(pred.epistemic.mean()),
     }
-pd.DataFrame(rows).T.round(4)
+print(pd.DataFrame(rows).T.round(4))
 
 # %% [markdown]
 # ## 6. Posterior attention
@@ -234,14 +235,18 @@ attention["NUTS"].plot(0, title="NUTS posterior attention, test digit 0")
 
 # %%
 svi_mean, nuts_mean = attention["SVI"].mean()[0, 0], attention["NUTS"].mean()[0, 0]  # (H, T, T)
-pd.DataFrame(
-    {
-        "max |mean diff|": (nuts_mean - svi_mean).abs().amax((-2, -1)),
-        "max |mean diff|, heads swapped": (nuts_mean - svi_mean.flip(0)).abs().amax((-2, -1)),
-        "mean sd SVI": attention["SVI"].std()[0, 0].mean((-2, -1)),
-        "mean sd NUTS": attention["NUTS"].std()[0, 0].mean((-2, -1)),
-    }
-).rename_axis("head").round(3)
+print(
+    pd.DataFrame(
+        {
+            "max |mean diff|": (nuts_mean - svi_mean).abs().amax((-2, -1)),
+            "max |mean diff|, heads swapped": (nuts_mean - svi_mean.flip(0)).abs().amax((-2, -1)),
+            "mean sd SVI": attention["SVI"].std()[0, 0].mean((-2, -1)),
+            "mean sd NUTS": attention["NUTS"].std()[0, 0].mean((-2, -1)),
+        }
+    )
+    .rename_axis("head")
+    .round(3)
+)
 
 # %% [markdown]
 # ## What to conclude

@@ -54,6 +54,7 @@ from probtransformer.inference import fit_ensemble, fit_mc_dropout, fit_svi
 from probtransformer.models import SequenceClassifier
 
 SMOKE = os.environ.get("PROBTRANSFORMER_SMOKE") == "1"
+pd.set_option("display.max_columns", None, "display.width", 200)  # print every column
 # Small models: a second intra-op thread costs more in synchronisation than it saves.
 torch.set_num_threads(1)
 
@@ -129,9 +130,11 @@ for name, pred in preds.items():
     assert pred["test"].probs.shape[1:] == (len(test), C)
     assert torch.allclose(pred["test"].entropy, pred["test"].aleatoric + pred["test"].epistemic)
     print(f"{name}: {pred['test'].probs.shape[0]} draws")
-pd.DataFrame(
-    {name: metrics.classification_report(p["test"].mean, test.y) for name, p in preds.items()}
-).T.round(4)
+print(
+    pd.DataFrame(
+        {name: metrics.classification_report(p["test"].mean, test.y) for name, p in preds.items()}
+    ).T.round(4)
+)
 
 # %% [markdown]
 # ## 3. Aleatoric and epistemic uncertainty, known vs unknown digits
@@ -183,16 +186,20 @@ histograms_figure(preds)
 # weights than the posterior it approximates; its draws all make the same guess.
 
 # %%
-pd.DataFrame(
-    {
-        (name, part): {
-            "known": float(getattr(pred["test"], part).mean()),
-            "unknown": float(getattr(pred["ood"], part).mean()),
+print(
+    pd.DataFrame(
+        {
+            (name, part): {
+                "known": float(getattr(pred["test"], part).mean()),
+                "unknown": float(getattr(pred["ood"], part).mean()),
+            }
+            for name, pred in preds.items()
+            for part in parts
         }
-        for name, pred in preds.items()
-        for part in parts
-    }
-).T.assign(ratio=lambda d: d["unknown"] / d["known"]).round(3)
+    )
+    .T.assign(ratio=lambda d: d["unknown"] / d["known"])
+    .round(3)
+)
 
 # %% [markdown]
 # ## 4. Flagging unknown digits: OOD AUROC
@@ -216,7 +223,7 @@ auroc = pd.DataFrame(
         for name, pred in preds.items()
     }
 ).T
-auroc.round(3)
+print(auroc.round(3))
 
 # %% [markdown]
 # In a full run all scores separate known from unknown digits well (AUROC 0.90 to 0.97), and
@@ -279,7 +286,7 @@ for name, pred in stream_preds.items():
         row[f"unknown among rejected ({score})"] = float(is_unknown[~keep].float().mean())
         row[f"AURC by {score}"] = metrics.aurc(getattr(pred, score), correct)
     rows[name] = row
-pd.DataFrame(rows).T.round(3)
+print(pd.DataFrame(rows).T.round(3))
 
 # %% [markdown]
 # In a full run, predicting on the whole stream gives accuracy 0.78–0.79 for all three: the
@@ -360,7 +367,7 @@ for title, (split, i, _) in cases.items():
             "aleatoric": float(pred[split].aleatoric[i]),
             "epistemic": float(pred[split].epistemic[i]),
         }
-pd.DataFrame.from_dict(table, orient="index").rename_axis(["digit", "method"]).round(3)
+print(pd.DataFrame.from_dict(table, orient="index").rename_axis(["digit", "method"]).round(3))
 
 # %% [markdown]
 # In a full run the "ambiguous" known digit is a 4 that SVI calls a 5 with probability 0.78

@@ -55,6 +55,7 @@ from probtransformer.models import CausalLM, generate
 from probtransformer.tasks import LM_FIT
 
 SMOKE = os.environ.get("PROBTRANSFORMER_SMOKE") == "1"
+pd.set_option("display.max_columns", None, "display.width", 200)  # print every column
 # Small models: a second intra-op thread costs more in synchronisation than it saves.
 torch.set_num_threads(1)
 
@@ -195,7 +196,7 @@ print(
     f"mean per character: entropy {parts['entropy'].mean():.3f}, aleatoric "
     f"{parts['aleatoric'].mean():.3f}, epistemic {parts['epistemic'].mean():.5f} nats"
 )
-table.round(3).to_frame()
+print(table.round(3).to_frame())
 
 # %% [markdown]
 # In a full run the Bayesian model reaches a test perplexity of 3.85 (1.35 nats per
@@ -339,7 +340,7 @@ for name, gen in generations.items():
 steps_table = pd.DataFrame(rows).sort_values("epistemic", ascending=False)
 # a greedy loop repeats the same context: show each (context, character) once
 steps_table = steps_table.drop_duplicates(["decoder", "before", "next"])
-steps_table.groupby("decoder", sort=False).head(4).round(4)
+print(steps_table.groupby("decoder", sort=False).head(4).round(4))
 
 # %% [markdown]
 # In a full run greedy decoding falls into a loop ("of the subscription of the subscription
@@ -399,7 +400,7 @@ rank = pd.Series(parts["epistemic"].ravel().numpy()).corr(
     pd.Series(parts["aleatoric"].ravel().numpy()), method="spearman"
 )
 print(f"rank correlation of epistemic and aleatoric over test characters: {rank:.2f}")
-by_kind.sort_values("share", ascending=False).round(4)
+print(by_kind.sort_values("share", ascending=False).round(4))
 
 # %% [markdown]
 # In a full run the two parts go together (rank correlation 0.65 over all test characters),
@@ -427,7 +428,7 @@ for name, x in (("test text", real), ("shuffled characters", shuffled)):
     contrast[name]["epistemic"] = float(pred.epistemic.mean())
     contrast[name]["epistemic share"] = contrast[name]["epistemic"] / contrast[name]["entropy"]
 print(repr(decode_text(shuffled[0], vocab)))
-pd.DataFrame(contrast).T.round(4)
+print(pd.DataFrame(contrast).T.round(4))
 
 # %% [markdown]
 # In a full run the total entropy rises from 1.38 to 1.75 nats per character on shuffled
@@ -468,16 +469,18 @@ reach = (mean * distance).sum(-1)[..., 16:].mean(-1)  # (layer, head)
 spread = att.std()[0][..., 16:, :].sum(-1).mean(-1)  # (layer, head) summed sd per query
 chars = [show(vocab[i]) for i in test.x[3].tolist()]
 busiest = mean.sum(-2).argmax(-1)  # (layer, head): the key with the most attention in all
-pd.DataFrame(
-    {
-        "mean distance (characters)": reach.flatten().numpy(),
-        "sum of sd per query": spread.flatten().numpy(),
-        "most attended key": [f"{k} {chars[k]!r}" for k in busiest.flatten().tolist()],
-    },
-    index=pd.MultiIndex.from_product(
-        [range(mean.shape[0]), range(mean.shape[1])], names=["layer", "head"]
-    ),
-).round(3)
+print(
+    pd.DataFrame(
+        {
+            "mean distance (characters)": reach.flatten().numpy(),
+            "sum of sd per query": spread.flatten().numpy(),
+            "most attended key": [f"{k} {chars[k]!r}" for k in busiest.flatten().tolist()],
+        },
+        index=pd.MultiIndex.from_product(
+            [range(mean.shape[0]), range(mean.shape[1])], names=["layer", "head"]
+        ),
+    ).round(3)
+)
 
 # %% [markdown]
 # In a full run every head but one looks at the last one or two characters (mean distances

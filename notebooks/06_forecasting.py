@@ -58,6 +58,7 @@ from probtransformer.inference.prediction import PosteriorAttention
 from probtransformer.models import Seq2Seq, SequenceRegressor
 
 SMOKE = os.environ.get("PROBTRANSFORMER_SMOKE") == "1"
+pd.set_option("display.max_columns", None, "display.width", 200)  # print every column
 # Small models: a second intra-op thread costs more in synchronisation than it saves.
 torch.set_num_threads(1)
 
@@ -231,7 +232,7 @@ best_order = min(rows, key=lambda order: rows[order]["AIC"])
 arima = arima_fits[best_order]
 aic_table = pd.DataFrame(list(rows.values()), index=pd.Index(map(str, rows), name="order"))
 print(f"chosen order {best_order}")
-aic_table.sort_values("AIC").head(6).round(2)
+print(aic_table.sort_values("AIC").head(6).round(2))
 
 # %% [markdown]
 # In a full run AIC picks ARIMA(6, 0, 2). The candidates close to it in AIC forecast the
@@ -294,7 +295,7 @@ results = pd.concat(
     },
     axis=1,
 )
-results.round(3)
+print(results.round(3))
 
 # %% [markdown]
 # In a full run the two periods tell different stories. On the validation windows
@@ -323,7 +324,7 @@ per_step = pd.concat(
     },
     names=["method", "steps ahead"],
 )[["90% coverage", "CRPS"]].unstack(0)
-per_step.round(2)
+print(per_step.round(2))
 
 # %% [markdown]
 # `SequenceRegressor` is good one step ahead (CRPS 15.7, coverage 80%; ARIMA 11.3 and 78%)
@@ -456,7 +457,7 @@ for h in range(H):
                 "HDI 95%": float(hi[0, 0, 0, h, lag[j]]),
             }
         )
-pd.DataFrame(top).set_index(["steps ahead", "lag (years)"]).round(4)
+print(pd.DataFrame(top).set_index(["steps ahead", "lag (years)"]).round(4))
 
 # %% [markdown]
 # In a full run the cross-attention is close to uniform: the weights of the head-averaged
@@ -536,7 +537,7 @@ c_naive_sd = (
 c_naive = c_values[c_origins["test"][:, None] + c_steps - c_lag]
 co2_samples["seasonal naive"] = normal_samples(c_naive, np.broadcast_to(c_naive_sd, c_naive.shape))
 c_y = c_test.y.numpy()
-pd.DataFrame({name: summary(s, c_y) for name, s in co2_samples.items()}).T.round(3)
+print(pd.DataFrame({name: summary(s, c_y) for name, s in co2_samples.items()}).T.round(3))
 
 
 # %%

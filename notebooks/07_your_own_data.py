@@ -49,6 +49,7 @@ from probtransformer.models import SequenceClassifier
 from probtransformer.serving import Service, create_app
 
 SMOKE = os.environ.get("PROBTRANSFORMER_SMOKE") == "1"
+pd.set_option("display.max_columns", None, "display.width", 200)  # print every column
 torch.set_num_threads(1)  # small models: a second thread costs more than it saves
 WORK = Path(tempfile.mkdtemp(prefix="own-data-"))
 
@@ -73,7 +74,7 @@ if SMOKE:  # a third of the utterances
 csv = WORK / "vowels.csv"
 table.to_csv(csv, index=False)
 print(f"{csv.name}: {len(table):,} rows, {table['utterance'].nunique()} utterances")
-table.head()
+print(table.head())
 
 # %% [markdown]
 # ## 2. Splits from the file
@@ -111,7 +112,7 @@ model = SequenceClassifier(
 post = fit_svi(model, train, num_steps=30 if SMOKE else 1500, seed=0, progress=False)
 pred = post.predict(test.x, test.mask, num_samples=10 if SMOKE else 100, seed=0)
 report = metrics.classification_report(pred.mean, test.y)
-{name: round(value, 3) for name, value in report.items()}
+print({name: round(value, 3) for name, value in report.items()})
 
 # %%
 idata = post.to_inference_data(train, num_samples=10 if SMOKE else 100)

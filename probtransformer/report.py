@@ -88,7 +88,8 @@ SECTIONS: Mapping[str, str] = _Sections()
 TASK_SECTIONS: Mapping[str, tuple[str, ...]] = _TaskSections()
 ATTENTION_EXAMPLES = 2  # test sequences whose posterior attention is drawn
 #: metrics.json keys shown after the task's ``headline``, with their units.
-HEADLINE = {"inference": "", "seconds": "s"}
+#: Settings shown first in the report's run settings table, with their units.
+SETTINGS_FIRST = {"inference": "", "seconds": "s"}
 NO_GATES = (
     "This model has no head gates, so there is no posterior over how many heads it needs; fit "
     "one with <code>SequenceClassifier(head_prior=priors.HeadGatePrior())</code>."
@@ -102,7 +103,10 @@ table { border-collapse: collapse; margin: 0.8rem 0; font-size: 0.9rem; }
 th, td { border: 1px solid #ddd; padding: 0.25rem 0.6rem; text-align: right; }
 th { background: #f4f4f4; } td.text, th.text { text-align: left; }
 img { max-width: 100%; height: auto; display: block; margin: 0.8rem 0; }
-pre { background: #f7f7f7; padding: 0.8rem; overflow-x: auto; font-size: 0.85rem; }
+pre { background: #f7f7f7; padding: 0.8rem; font-size: 0.85rem;
+      white-space: pre-wrap; overflow-wrap: anywhere; }
+table.settings td { overflow-wrap: anywhere; }
+table.settings td:nth-child(2), table.settings th:nth-child(2) { text-align: left; }
 nav a { margin-right: 1rem; } .note { color: #555; }
 """
 
@@ -197,11 +201,18 @@ def _page(fitted, test, train, meta, *, num_samples, seed) -> str:
 
 
 def _metrics_section(record: dict, task: Task) -> str:
-    headline = {**task.headline, **HEADLINE}
-    keys = [k for k in headline if k in record] + [k for k in record if k not in headline]
-    rows = [(key, value_text(record[key]), headline.get(key, "")) for key in keys]
-    return f'<p class="note">From metrics.json: {html.escape(task.metrics_note)}</p>\n' + table(
-        ("metric", "value", "unit"), rows
+    """The task's test metrics (``task.headline``), then the run's settings: every other
+    metrics.json key, ``SETTINGS_FIRST`` first."""
+    metrics = [(k, value_text(record[k]), unit) for k, unit in task.headline.items() if k in record]
+    keys = [k for k in SETTINGS_FIRST if k in record]
+    keys += [k for k in record if k not in task.headline and k not in SETTINGS_FIRST]
+    settings = [(k, value_text(record[k]), SETTINGS_FIRST.get(k, "")) for k in keys]
+    return (
+        f'<p class="note">From metrics.json: {html.escape(task.metrics_note)}</p>\n'
+        + table(("metric", "value", "unit"), metrics)
+        + '<h3>Run settings</h3>\n<p class="note">How the run was fitted and measured (the rest '
+        "of metrics.json).</p>\n"
+        + table(("setting", "value", "unit"), settings, classes="settings")
     )
 
 

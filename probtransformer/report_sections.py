@@ -86,8 +86,11 @@ def value_text(value: Any) -> str:
     return str(value)
 
 
-def table(header: Iterable[str], rows: Iterable[Iterable[str]], text_columns: int = 1) -> str:
-    """An HTML table; the first ``text_columns`` columns are left-aligned text."""
+def table(
+    header: Iterable[str], rows: Iterable[Iterable[str]], text_columns: int = 1, classes: str = ""
+) -> str:
+    """An HTML table (of CSS ``classes``); the first ``text_columns`` columns are left-aligned
+    text."""
 
     def cells(tag: str, values: Iterable[str]) -> str:
         return "".join(
@@ -98,7 +101,8 @@ def table(header: Iterable[str], rows: Iterable[Iterable[str]], text_columns: in
         )
 
     body = "\n".join(f"<tr>{cells('td', row)}</tr>" for row in rows)
-    return f"<table>\n<tr>{cells('th', header)}</tr>\n{body}\n</table>\n"
+    opening = f'<table class="{html.escape(classes)}">' if classes else "<table>"
+    return f"{opening}\n<tr>{cells('th', header)}</tr>\n{body}\n</table>\n"
 
 
 def frame_table(frame: pd.DataFrame, fmt: Callable[[float], str] = "{:.4g}".format) -> str:

@@ -3,7 +3,9 @@
 Commands:
     fit       Fit the model of the dataset's task (``datasets.load(name).meta["task"]``) by SVI,
               MAP, MCMC (ChEES, MCLMC, NUTS, HMC), MC dropout or a deep ensemble and write a
-              run directory (default ``runs/<dataset>-<inference>``):
+              run directory (default ``runs/<dataset>-<inference>``, or the first free
+              ``-2``, ``-3``, ... when that holds a run; a given ``--out`` holding a run is
+              replaced only with ``--overwrite``):
 
               - classification (digits, digits-patches, the UCR/UEA sets): ``SequenceClassifier``
                 (2-D patch positions for digits-patches; the mask of ragged sets);

@@ -26,7 +26,7 @@ from probtransformer.cli.options import (
     with_mile_preset,
     with_svi_preset,
 )
-from probtransformer.cli.rundir import check_out, is_run_dir, write_run
+from probtransformer.cli.rundir import is_run_dir, next_free, out_directory, write_run
 
 
 def run(args: argparse.Namespace) -> int:
@@ -61,10 +61,9 @@ def run(args: argparse.Namespace) -> int:
     name = args.dataset + ("" if args.model == "auto" else f"-{args.model}")
     if args.out is not None and not args.out.strip():
         raise CLIError("--out must name a directory, got an empty string")
-    target = Path(args.out or Path("runs") / f"{name}-{args.inference}")
-    check_out(target)
-    if is_run_dir(target):  # said before fitting: Ctrl-C now keeps it
-        warn(f"--out {target} holds an earlier run; this fit replaces it once it is written")
+    target = out_directory(
+        args.out, Path("runs") / f"{name}-{args.inference}", overwrite=args.overwrite
+    )
     asked_batch_size = args.batch_size  # before the preset fills it in
     threads_from = "--threads" if args.threads is not None else None  # or the preset's
     if args.inference == "mcmc":
@@ -252,6 +251,9 @@ def _run(
                 threads_chosen=threads_chosen,
             )
             record |= _data_record(meta)
+            if not args.overwrite and is_run_dir(target):  # another fit wrote it meanwhile
+                taken, target = target, next_free(target)
+                warn(f"{taken} received another run during this fit; writing {target} instead")
             write_run(target, post, splits, record, draws, task, evaluation)
         except KeyboardInterrupt:
             raise KeyboardInterrupt(_kept_fit(post, target)) from None

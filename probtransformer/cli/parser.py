@@ -232,7 +232,15 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"intra-op CPU threads of torch, at most {MAX_THREADS:,}",
     )
     fit.add_argument(
-        "--out", metavar="DIR", help="run directory (default: runs/<dataset>-<inference>)"
+        "--out",
+        metavar="DIR",
+        help="run directory (default: runs/<dataset>-<inference>, or -2, -3, ... when that "
+        "holds a run)",
+    )
+    fit.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the run that --out holds (without it, fit refuses to)",
     )
     fit.add_argument(
         "--no-progress",

@@ -6,12 +6,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from probtransformer._io import staged_directory
-from probtransformer.cli._common import PROG, CLIError
+from probtransformer.cli._common import PROG, CLIError, warn
 
 METRICS_FILE = "metrics.json"
 POSTERIOR_DIR = "posterior"
@@ -173,6 +174,52 @@ def diagnostic_rows(record: dict, train):
     ``inference_data_rows["train"]`` for token-level tasks, else all."""
     rows = record.get("inference_data_rows", {}).get("train")
     return train if rows is None else train[:rows]
+
+
+def out_directory(out: str | None, default: Path, *, overwrite: bool = False) -> Path:
+    """The directory ``fit`` writes its run to, chosen before fitting; ``fit`` never deletes a
+    run it was not told to replace.
+
+    Args:
+        out: ``--out``, or None.
+        default: ``runs/<dataset>-<inference>``; when it holds a run and ``out`` is None, the
+            first free ``default-2``, ``default-3``, ... is chosen instead (said on stderr).
+        overwrite: ``--overwrite``: an ``out`` holding a run is replaced once the new run is
+            written (said on stderr).
+
+    Raises:
+        CLIError: ``out`` holds a run and ``overwrite`` is False, or ``check_out``'s errors.
+    """
+    if out is None:
+        target = default
+        if not overwrite and is_run_dir(target):
+            target = next_free(default)
+            print(
+                f"{PROG}: {default} holds an earlier run; this fit writes {target} "
+                f"(--out {default} --overwrite replaces it)",
+                file=sys.stderr,
+            )
+    else:
+        target = Path(out)
+        if is_run_dir(target) and not overwrite:
+            raise CLIError(
+                f"--out {target} holds an earlier run; give --overwrite to replace it, or "
+                "another --out"
+            )
+    check_out(target)
+    if is_run_dir(target):  # said before fitting: Ctrl-C now keeps it
+        warn(f"--out {target} holds an earlier run; this fit replaces it once it is written")
+    return target
+
+
+def next_free(default: Path) -> Path:
+    """The first of ``default-2``, ``default-3``, ... that does not exist."""
+    n = 2
+    while (
+        candidate := default.with_name(f"{default.name}-{n}")
+    ).exists() or candidate.is_symlink():
+        n += 1
+    return candidate
 
 
 def check_out(target: Path) -> None:

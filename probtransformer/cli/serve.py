@@ -107,12 +107,13 @@ def run(args: argparse.Namespace) -> None:
         KeyboardInterrupt: after Ctrl-C, once the requests in flight are answered.
     """
     try:
+        import fastapi_offline  # noqa: F401
         import uvicorn  # noqa: F401
 
         import probtransformer.serving  # noqa: F401
     except ImportError as e:
         raise CLIError(
-            f"serve needs FastAPI and uvicorn ({e.name} is missing): "
+            f"serve needs FastAPI, fastapi-offline and uvicorn ({e.name} is missing): "
             "pip install 'probtransformer[serve]'"
         ) from None
     if not args.host.strip():

@@ -743,11 +743,32 @@ def _numbers(values: pd.Series, column: str, source: str, rows=None) -> np.ndarr
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         row = i if rows is None else rows[i]
+        written = _as_written(source, column, row) if np.isnan(numbers[i]) else None
+        shown = numbers[i] if written is None else _show_written(written)
         raise ValueError(
-            f"{source}: column {column!r}, {_row(source, row)}: {numbers[i]} (features and "
+            f"{source}: column {column!r}, {_row(source, row)}: {shown} (features and "
             "targets must be finite numbers; fill or drop missing steps first)"
         )
     return numbers
+
+
+def _as_written(source: str, column: str, row: int) -> str | None:
+    """The text of a cell of a CSV file as the file holds it, for messages: pandas reads
+    "n/a", "NA", "-nan" ... as NaN, which the message should not show as "nan". None when
+    ``source`` is not a CSV file (a DataFrame's NaN is what its owner wrote) or cannot be read
+    again. Called on the way to an error only: it reads the column again."""
+    if not source.lower().endswith((".csv", ".csv.gz")):
+        return None
+    try:
+        raw = pd.read_csv(source, dtype=str, keep_default_na=False, usecols=[column])
+        return str(raw[column].iloc[int(row)])
+    except (ValueError, OSError, IndexError, KeyError):
+        return None
+
+
+def _show_written(text: str) -> str:
+    """A cell's text in a message: quoted, an empty one said so."""
+    return repr(text) if text.strip() else "an empty cell"
 
 
 def _times(values: pd.Series, column: str, source: str) -> np.ndarray:
@@ -784,10 +805,10 @@ def _times(values: pd.Series, column: str, source: str) -> np.ndarray:
 def _no_missing(values: pd.Series, column: str, source: str) -> None:
     missing = values.isna().to_numpy()
     if missing.any():
-        raise ValueError(
-            f"{source}: column {column!r}, {_row(source, int(np.flatnonzero(missing)[0]))}: "
-            "missing value"
-        )
+        row = int(np.flatnonzero(missing)[0])
+        written = _as_written(source, column, row)
+        shown = "" if written is None else f" ({_show_written(written)})"
+        raise ValueError(f"{source}: column {column!r}, {_row(source, row)}: missing value{shown}")
 
 
 def _infer_task(frame: pd.DataFrame, schema: TableSchema) -> str:

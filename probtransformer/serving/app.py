@@ -1,7 +1,8 @@
 """The HTTP app of ``probtransformer serve``: FastAPI endpoints over a ``Service``.
 
 Endpoints: ``POST /predict``, ``POST /generate`` (server-sent events, language-model runs),
-``GET /health``, ``GET /metadata``; OpenAPI at ``/docs``. Malformed requests get 422 with
+``GET /health``, ``GET /metadata``; OpenAPI at ``/docs`` and ``/redoc``, which load nothing
+from the internet. Malformed requests get 422 with
 FastAPI's error list (``loc`` names the field, ``msg`` what was expected and what arrived,
 ``input`` what arrived); requests over the size limits get 413; with an API key, requests
 without ``Authorization: Bearer <key>`` get 401 (``/health`` and the docs stay open).
@@ -23,12 +24,16 @@ from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.security import HTTPBearer
+from fastapi_offline import FastAPIOffline
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from probtransformer.serving.batcher import MicroBatcher
 from probtransformer.serving.limits import MAX_NEW_TOKENS, MAX_NUM_SAMPLES, SEED_MAX, Limits
 from probtransformer.serving.service import InvalidInput, Service
+
+#: Where the app serves the Swagger UI and ReDoc scripts of /docs and /redoc.
+DOCS_ASSETS = "/docs-assets"
 
 # -- request and response schemas ---------------------------------------------------------------
 
@@ -166,7 +171,10 @@ def create_app(service: Service, limits: Limits | None = None, *, api_key: str |
         yield
         await batcher.stop()  # after the server has drained its connections
 
-    app = FastAPI(
+    # FastAPI's /docs and /redoc load Swagger UI and ReDoc from a CDN (a blank page offline):
+    # FastAPIOffline serves the copies its package ships, under DOCS_ASSETS
+    app = FastAPIOffline(
+        static_url=DOCS_ASSETS,
         title="probtransformer",
         summary=f"Uncertainty-aware predictions of a {service.task} run",
         lifespan=lifespan,
@@ -371,8 +379,12 @@ class APIKey:
         self.app = app
         self.key = key.encode()
 
+    def _open(self, path: str) -> bool:
+        """``path`` needs no key: ``/health``, the docs pages and their scripts."""
+        return path in self.OPEN or path.startswith(f"{DOCS_ASSETS}/")
+
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http" or scope["path"] in self.OPEN:
+        if scope["type"] != "http" or self._open(scope["path"]):
             await self.app(scope, receive, send)
             return
         scheme, _, given = dict(scope["headers"]).get(b"authorization", b"").partition(b" ")

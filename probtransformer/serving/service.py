@@ -21,6 +21,7 @@ from probtransformer.cli.rundir import DIAGNOSTICS_FILE, Run
 from probtransformer.inference.inputs import out_of_range_message
 from probtransformer.inference.prediction import Prediction
 from probtransformer.serving.batcher import Abandoned
+from probtransformer.tasks._base import table_scaling, training_range
 from probtransformer.validation import int_text
 
 #: Rows x draws of one model call (a 64-row digits pass at S=100 takes about 0.3 s on 2 cores):
@@ -207,7 +208,8 @@ class Service:
         """Input problems that do not stop the prediction (features of real steps far outside
         the training range)."""
         x = payload.x if payload.mask is None else payload.x[payload.mask]
-        message = out_of_range_message(x, self.post.record.get("x_range"))
+        scaling = table_scaling(self.run.record) or {}  # fit --data: in the file's units
+        message = out_of_range_message(x, self.post.record.get("x_range"), **scaling)
         return [] if message is None else [message]
 
     def answer_bytes(self, payload: PredictPayload) -> int:
@@ -347,7 +349,9 @@ class Service:
             "prediction": "categorical" if self.categorical else "regression",
             "classes": self.class_names,
             "vocabulary": self.vocab,
-            "training_range": None if self.tokens else self.post.record.get("x_range"),
+            "training_range": None
+            if self.tokens
+            else training_range(self.post.record.get("x_range"), table_scaling(record)),
             "fit": fit,
             "diagnostics": self.diagnostics,
             "units": self.units,

@@ -195,3 +195,31 @@ def read_table_data(path: Path, run: Any) -> tuple[Any, Any, str | None]:
     if schema.id is None:
         return data, None, None
     return data, np.asarray(pd.factorize(frame[schema.id], sort=False)[1]), schema.id
+
+
+def table_scaling(record: dict) -> dict[str, Any] | None:
+    """How a ``fit --data`` run standardized the file's numeric columns for its model, as
+    ``out_of_range_message``'s ``loc``, ``scale`` (``(F,)``) and ``names`` (the columns; the
+    wide layout's one feature is the values); None for other runs (their inputs are the
+    model's)."""
+    table = record.get("table") or {}
+    if table.get("x_loc") is None or table.get("vocab") is not None:
+        return None
+    loc, scale, features = table["x_loc"], table["x_scale"], table["features"]
+    names = features if len(features) == len(loc) else ["values"] * len(loc)
+    return dict(loc=loc, scale=scale, names=names)
+
+
+def training_range(
+    x_range: list[float] | None, scaling: dict[str, Any] | None
+) -> list[float] | dict[str, list[float]] | None:
+    """The range of the training inputs, ``x_range`` (``[low, high]``); with a ``fit --data``
+    run's ``scaling`` (``table_scaling``), per column in the file's units (``{column: [low,
+    high]}``, the standardization undone: a bound on each column's range)."""
+    if x_range is None or scaling is None:
+        return x_range
+    low, high = x_range
+    return {
+        name: [loc + low * scale, loc + high * scale]
+        for name, loc, scale in zip(scaling["names"], scaling["loc"], scaling["scale"], strict=True)
+    }

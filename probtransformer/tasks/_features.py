@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import abc
 import csv
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from probtransformer.tasks._base import Task, read_table_data
+from probtransformer.tasks._base import Task, read_table_data, table_scaling
 
 
 class FeatureTask(Task):
@@ -29,7 +30,7 @@ class FeatureTask(Task):
         fitted on ``--data`` reads ``.csv`` or ``.parquet`` tables of the same layout instead,
         encoded with the run's schema, one output row per sequence led by its id."""
         if "table" in run.record:
-            return self._predict_table(path, run, draws)
+            return self._predict_table(path, run, draws, warn)
         suffix = path.suffix.lower()
         if suffix not in (".npy", ".csv"):
             raise ValueError(
@@ -43,10 +44,22 @@ class FeatureTask(Task):
             x = read_csv(path, max_len, in_features)
         return self.prediction_frame(run.posterior.predict(x, **draws), run.record)
 
-    def _predict_table(self, path: Path, run: Any, draws: dict) -> Any:
-        """``predict_frame`` of a ``fit --data`` run: the table encoded by its schema."""
+    def _predict_table(self, path: Path, run: Any, draws: dict, warn: Callable[[str], None]) -> Any:
+        """``predict_frame`` of a ``fit --data`` run: the table encoded by its schema; features
+        far outside the training range are named in the file's units."""
+        from probtransformer.inference.inputs import InputRangeWarning, out_of_range_message
+
         data, ids, id_column = read_table_data(path, run)
-        out = self.prediction_frame(run.posterior.predict(data.x, data.mask, **draws), run.record)
+        post, scaling = run.posterior, table_scaling(run.record)
+        with warnings.catch_warnings():
+            if scaling is not None:  # said here in the file's units, not in the model's
+                real = data.x if data.mask is None else data.x[data.mask]
+                message = out_of_range_message(real, post.record.get("x_range"), **scaling)
+                if message is not None:
+                    warn(message)
+                warnings.simplefilter("ignore", InputRangeWarning)
+            pred = post.predict(data.x, data.mask, **draws)
+        out = self.prediction_frame(pred, run.record)
         if ids is not None:
             out.insert(0, id_column, ids)
         return out

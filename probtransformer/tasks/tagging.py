@@ -29,6 +29,7 @@ class TaggingTask(TokenTask):
         "ece": "",
         "mean_epistemic": "nats",
         "boundary_f1": "",
+        "macro_f1": "",
     }
     metrics_note = (
         "computed over the real (unpadded) characters of the test split from the posterior "

@@ -319,9 +319,17 @@ def test_a_config_asking_for_huge_unsaved_sizes_is_refused_at_once(tmp_path, cha
         load_posterior(run / "posterior")
 
 
-def test_a_run_directory_given_for_its_posterior_is_named(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"it holds one, load .*run/posterior"):
-        load_posterior(FIXTURE_RUN)
+def test_a_run_directory_loads_its_posterior(tmp_path):
+    # every CLI command takes the run directory: load_posterior does too
+    post = load_posterior(FIXTURE_RUN)
+    saved = load_posterior(FIXTURE_RUN / "posterior")
+    assert post.record == saved.record and type(post.model) is type(saved.model)
+    state, saved_state = post.model.state_dict(), saved.model.state_dict()
+    assert all(torch.equal(state[key], saved_state[key]) for key in saved_state)
+    other = tmp_path / "notes"
+    other.mkdir()
+    with pytest.raises(FileNotFoundError, match=r"notes is not a saved posterior \(no "):
+        load_posterior(other)
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ directory, so a notebook must not read or write files relative to the current di
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,17 @@ NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 SCRIPTS = sorted(NOTEBOOKS.glob("*.py"))
 TIMEOUT_S = 300  # a smoke run takes well under a minute on 2 cores
 TAIL = 4000  # characters of stderr/stdout shown when a script fails
+#: Text of each notebook's key results (metrics, tables, diagnostics) that a script run prints:
+#: a cell's last expression shows in Jupyter only, so the notebooks print their results.
+KEY_RESULTS = {
+    "01_quickstart.py": ["{'accuracy': ", "hdi_97%", "Pareto k diagnostic values", "mean_sd"],
+    "02_posterior_attention.py": ["band mass L1", "hdi_95%", "in window"],
+    "03_hmc_vs_svi.py": ["elpd_diff", "mean_epistemic", "max |mean diff|"],
+    "04_uncertainty_aware_prediction.py": ["AUROC by epistemic", "AURC by epistemic", "brier"],
+    "05_language_model.py": ["test perplexity", "Bayesian CausalLM", "epistemic share"],
+    "06_forecasting.py": ["val CRPS", "90% coverage", "lag (years)"],
+    "07_your_own_data.py": ["utterance", "{'accuracy': "],
+}
 
 
 def _code_sources(notebook) -> list[str]:
@@ -47,6 +59,14 @@ def test_notebook_runs_as_script(script: Path, tmp_path: Path) -> None:
         f"--- stderr (tail) ---\n{result.stderr[-TAIL:]}\n"
         f"--- stdout (tail) ---\n{result.stdout[-TAIL:]}"
     )
+    missing = [text for text in KEY_RESULTS[script.name] if text not in result.stdout]
+    assert not missing, f"{script.name} does not print {missing}; print its key results"
+    truncated = re.search(r"\[\d+ rows x \d+ columns\]", result.stdout)  # pandas' "..." note
+    assert truncated is None, f"{script.name} prints a table cut short ({truncated.group()})"
+
+
+def test_every_notebook_names_its_key_results() -> None:
+    assert set(KEY_RESULTS) == {script.name for script in SCRIPTS}
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda path: path.name)

@@ -264,23 +264,34 @@ def test_fit_help_shows_the_library_defaults(capsys):
     assert "one of: digits" in text
 
 
-def test_map_fit_uses_default_out_and_replaces_a_previous_run(
-    tmp_path, monkeypatch, capsys, one_error_line
-):
+def test_map_fit_never_replaces_a_run_unasked(tmp_path, monkeypatch, capsys, one_error_line):
     monkeypatch.chdir(tmp_path)
     previous = tmp_path / "runs" / "digits-map"
     (previous / "posterior").mkdir(parents=True)
     (previous / "metrics.json").write_text("{}")
     (previous / "notes.txt").write_text("the user's own file")
     fast = [a if a != "30" else "5" for a in TINY]
-    assert main(["fit", "--inference", "map", *fast]) == 2  # never deletes files it did not write
+    # the default --out holds a run: the fit goes to the first free runs/digits-map-N
+    (tmp_path / "runs" / "digits-map-2").mkdir()  # taken, though empty
+    assert main(["fit", "--inference", "map", *fast]) == 0
+    printed = capsys.readouterr()
+    assert "runs/digits-map holds an earlier run; this fit writes runs/digits-map-3" in printed.err
+    assert "wrote runs/digits-map-3" in printed.out
+    assert {p.name for p in previous.iterdir()} == {"posterior", "metrics.json", "notes.txt"}
+    assert {p.name for p in (tmp_path / "runs" / "digits-map-3").iterdir()} == RUN_FILES
+    # a given --out that holds a run is refused before fitting, naming --overwrite
+    before = _listing(tmp_path)
+    assert main(["fit", "--inference", "map", "--out", "runs/digits-map", *fast]) == 2
+    assert "holds an earlier run; give --overwrite to replace it" in one_error_line(capsys)
+    assert _listing(tmp_path) == before
+    replace = ["fit", "--inference", "map", "--out", "runs/digits-map", "--overwrite", *fast]
+    assert main(replace) == 2  # --overwrite never deletes files it did not write
     assert "notes.txt" in one_error_line(capsys)
     (previous / "notes.txt").unlink()
-    assert main(["fit", "--inference", "map", *fast]) == 0
+    assert main(replace) == 0
     printed = capsys.readouterr()
     assert "wrote runs/digits-map" in printed.out
     assert "--out runs/digits-map holds an earlier run; this fit replaces it" in printed.err
-    assert {p.name for p in (tmp_path / "runs").iterdir()} == {"digits-map"}
     assert {p.name for p in previous.iterdir()} == RUN_FILES
     record = json.loads((previous / "metrics.json").read_text())
     assert (record["inference"], record["guide"], record["num_steps"]) == ("map", "delta", 5)
@@ -1042,7 +1053,7 @@ def test_failed_write_keeps_the_previous_run(tmp_path, monkeypatch, capsys, one_
     (previous / "metrics.json").write_text("{}")
     before = _listing(tmp_path)
     monkeypatch.setattr(probtransformer.plots, "save_figure", disk_full)
-    assert main(["fit", *TINY, "--num-steps", "2"]) == 2
+    assert main(["fit", *TINY, "--num-steps", "2", "--out", str(previous), "--overwrite"]) == 2
     notice, error = capsys.readouterr().err.splitlines()
     assert "holds an earlier run; this fit replaces it once it is written" in notice
     assert "No space left on device" in error

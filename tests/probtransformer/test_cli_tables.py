@@ -59,6 +59,15 @@ def test_predict_reads_the_same_layout_and_names_ids_and_classes(table_run, tmp_
     assert {f"prob_{c}" for c in OUTCOMES} <= set(pred.columns)
 
 
+def test_predict_names_a_missing_cell_as_the_file_writes_it(table_run, tmp_path, capsys):
+    root, data = table_run
+    new = pd.read_csv(data).head(20).drop(columns="outcome").astype({"hr": object})
+    new.loc[7, "hr"] = "n/a"  # pandas reads it as NaN
+    new.to_csv(tmp_path / "new.csv", index=False)
+    assert main(["predict", str(root / "run"), "--input", str(tmp_path / "new.csv")]) == 2
+    assert "column 'hr', row 7 (line 9): 'n/a' (features" in capsys.readouterr().err
+
+
 def test_report_rereads_the_table_and_refuses_a_changed_one(table_run, capsys):
     root, data = table_run
     assert main(["report", str(root / "run")]) == 0
@@ -119,6 +128,32 @@ def test_the_service_standardizes_features_sent_in_the_files_units(table_run, tm
     row = answer["rows"][0]
     assert row["predicted_label"] == "mild"  # P0000's outcome
     assert row["probs"] == pytest.approx(expected.probs.mean(0)[0].tolist(), abs=1e-4)
+    # the training range and the out-of-range warning speak beats per minute, not z-scores
+    low, high = meta["training_range"]["hr"]
+    assert low - 1e-3 <= frame["hr"].min() and frame["hr"].max() <= high + 1e-3 < 200
+    assert answer["warnings"] == []
+    with TestClient(create_app(Service(run, num_samples=5))) as client:
+        far = client.post("/predict", json={"sequences": [[[v * 30] for (v,) in raw]]}).json()
+    spans = f"hr spans [{first['hr'].min() * 30:.4g}, {first['hr'].max() * 30:.4g}]"
+    assert far["warnings"] == [
+        f"{spans} but its training values lay within [{low:.4g}, {high:.4g}]: check that the "
+        "inputs are preprocessed as in training"
+    ]
+
+
+def test_predict_names_far_off_columns_in_the_files_units(table_run, tmp_path, capsys):
+    root, data = table_run
+    new = pd.read_csv(data).head(20).drop(columns="outcome")
+    new["hr"] *= 30  # beats per half hour
+    new.to_csv(tmp_path / "new.csv", index=False)
+    assert main(["predict", str(root / "run"), "--input", str(tmp_path / "new.csv"),
+                 "--output", str(tmp_path / "p.csv"), "--num-samples", "2"]) == 0  # fmt: skip
+    (warning,) = [line for line in capsys.readouterr().err.splitlines() if "spans" in line]
+    spans = f"hr spans [{new['hr'].min():.4g}, {new['hr'].max():.4g}] but its training values"
+    assert spans in warning
+    low, high = map(float, warning.split("lay within [")[1].split("]")[0].split(", "))
+    hr = pd.read_csv(data)["hr"]
+    assert low - 1e-3 <= hr.min() and hr.max() <= high + 1e-3 < 200  # beats per minute
 
 
 def test_fit_data_forecasts_one_series_in_its_own_units(tmp_path):

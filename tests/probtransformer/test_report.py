@@ -97,6 +97,27 @@ def test_report_numbers_are_those_of_the_run(run):
     assert "AURC" in text
 
 
+def test_report_separates_test_metrics_from_run_settings(run):
+    run_dir, text, _ = run
+    record = json.loads((run_dir / "metrics.json").read_text())
+    section = text[text.find('id="metrics"') : text.find('id="reliability"')]
+    metrics, settings = section.split("<h3>Run settings</h3>")
+    shown = re.findall(r'<tr><td class="text">([a-z_]+)</td>', metrics)
+    assert shown == ["accuracy", "nll", "ece", "brier", "mean_epistemic"]  # metrics only
+    listed = re.findall(r'<tr><td class="text">([a-z_]+)</td>', settings)
+    assert listed[:2] == ["inference", "seconds"]
+    assert sorted(listed) == sorted(set(record) - set(shown))  # every other key, once
+    assert '<td class="text">guide</td><td>normal</td>' in settings
+
+
+def test_report_wraps_long_lines(run):
+    _, text, _ = run
+    style = text[text.find("<style>") : text.find("</style>")]
+    # verdict lines run to 200+ characters: wrapped in the page's width, not scrolled past it
+    assert re.search(r"pre \{[^}]*white-space: pre-wrap", style)
+    assert "overflow-x" not in style
+
+
 def test_report_attention_table_and_diagnostics(run):
     _, text, _ = run
     attention = text[text.find('id="attention"') : text.find('id="head-importance"')]
@@ -148,7 +169,7 @@ def test_report_when_head_importance_raises(run, tmp_path, monkeypatch):
 def test_fit_over_a_reported_run_replaces_it(run, tmp_path, capsys):
     run_dir = tmp_path / "run"
     shutil.copytree(run[0], run_dir)
-    assert main(["fit", "--out", str(run_dir), *TINY, "--num-steps", "5"]) == 0
+    assert main(["fit", "--out", str(run_dir), *TINY, "--num-steps", "5", "--overwrite"]) == 0
     assert {p.name for p in run_dir.iterdir()} == RUN_FILES  # the stale report went with the run
 
 

@@ -151,9 +151,11 @@ def _bad(frame, row, column, value):
     ("change", "message"),
     [
         (lambda f: f.drop(columns="v"), r"data.csv has no column 'v'; its columns: \['id'"),
-        (lambda f: _bad(f, 7, "u", np.nan), r"column 'u', row 7 \(line 9\): nan"),
+        (lambda f: _bad(f, 7, "u", np.nan), r"column 'u', row 7 \(line 9\): an empty cell"),
+        (lambda f: _bad(f, 7, "u", "n/a"), r"column 'u', row 7 \(line 9\): 'n/a' \(features"),
         (lambda f: _bad(f, 8, "v", np.inf), r"column 'v', row 8 \(line 10\): inf"),
         (lambda f: _bad(f, 4, "label", None), r"column 'label', row 4 \(line 6\): missing value"),
+        (lambda f: _bad(f, 4, "label", "NA"), r"'label', row 4 \(line 6\): missing value \('NA'\)"),
         (
             lambda f: _bad(f, 5, "label", "a"),
             r"column 'label': sequence '1' has two targets, 'b' at row 3 \(line 5\) and 'a' at "
@@ -175,8 +177,8 @@ def _bad(frame, row, column, value):
             r"column 'label': class 'c' has 1 sequence\(s\); each class needs at least 3",
         ),
     ],
-    ids=["missing-column", "nan", "inf", "missing-target", "two-targets", "order", "duplicate",
-         "mixed-types", "rare-class"],
+    ids=["missing-column", "empty", "n/a", "inf", "missing-target", "NA-target", "two-targets",
+         "order", "duplicate", "mixed-types", "rare-class"],
 )  # fmt: skip
 def test_bad_input_names_the_file_the_column_and_the_row(tmp_path, change, message):
     path = tmp_path / "data.csv"

@@ -8,6 +8,7 @@ by the module; the drain tests start their own.
 import concurrent.futures
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -162,6 +163,17 @@ def test_health_metadata_and_docs(server):
     assert httpx.head(f"{server.url}/metadata").status_code == 401
     operations = [op["operationId"] for path in schema["paths"].values() for op in path.values()]
     assert len(operations) == len(set(operations))
+
+
+@pytest.mark.parametrize("page", ["/docs", "/redoc"])
+def test_the_docs_pages_load_nothing_from_the_internet(server, page):
+    html = httpx.get(f"{server.url}{page}").text  # open without the API key
+    assert not re.findall(r"(?:https?:)?//[\w.-]+\.\w+", html)  # no CDN, no fonts, no favicon
+    assets = re.findall(r"""(?:src|href)=["']([^"']+)["']""", html)
+    assert any(a.endswith(".js") for a in assets)  # the page's UI, from the server itself
+    for asset in assets:
+        answer = httpx.get(f"{server.url}{asset}")
+        assert answer.status_code == 200 and answer.content, asset
 
 
 def test_predict_rows_match_the_posterior(server, digits_run, digits):

@@ -197,12 +197,7 @@ def diagnose(
     if elbo:
         verdict.append(elbo_line(elbo, record["num_data"], _flag))
     if posterior.guide is not None and not (posterior.is_point_estimate or posterior.mc_dropout):
-        guide = posterior.guide
-        ratio = guide_scale_ratio(
-            guide.global_guide if isinstance(guide, AmortizedGuide) else guide,
-            num_samples or 100,
-            seed=seed,
-        )
+        ratio = guide_scale_ratio(posterior, num_samples or 100, seed=seed)
         table.attrs["guide_scale_ratio"] = ratio
         if math.isfinite(ratio):
             verdict.append(collapse_line(ratio, record.get("init_scale"), _flag))

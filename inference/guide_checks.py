@@ -78,44 +78,43 @@ def elbo_line(elbo: list[float], num_data: int, flag: Callable[[bool, str], str]
     )
 
 
-def guide_scale_ratio(guide, num_samples: int = 100, *, seed: int = 0) -> float:
+def guide_scale_ratio(posterior, num_samples: int = 100, *, seed: int = 0) -> float:
     """Median over the latent scalars of the guide's sd over the prior's sd.
 
     Both sds are taken in the unconstrained space the guide works in (``biject_to`` of each
-    prior's support: a LogNormal scale's log, a Normal weight itself), from ``num_samples``
-    guide draws and ``_PRIOR_DRAWS`` prior draws, seeded by ``seed``; the caller's RNG is left
-    as it was.
+    prior's support: a LogNormal scale's log, a Normal weight itself): the guide's from
+    ``posterior.draws(num_samples, seed=seed)`` (the fit's own parameters, never the global
+    param store's), the prior's from ``_PRIOR_DRAWS`` draws of the priors the guide recorded
+    in its ``prototype_trace``; the caller's RNG is left as it was.
 
     Args:
-        guide: a fitted Pyro autoguide (``AutoNormal``, ``AutoLowRankMultivariateNormal``,
-            ``AutoMultivariateNormal``), called at least once so its ``prototype_trace``
-            holds the priors; the global guide of an ``AmortizedGuide``.
-        num_samples: guide draws.
+        posterior: an SVI ``Posterior`` (``AutoNormal``, ``AutoLowRankMultivariateNormal``,
+            ``AutoMultivariateNormal``, or an ``AmortizedGuide``'s global guide).
+        num_samples: guide draws, at least 2.
         seed: seeds both sets of draws.
 
     Returns:
         The ratio (1: the prior's spread; near 0: a point), NaN when the guide has no
-        prototype trace or no latent with a positive prior sd.
+        prototype trace or no global latent with a positive prior sd.
     """
-    trace = getattr(guide, "prototype_trace", None)
+    guide = posterior.guide
+    trace = getattr(getattr(guide, "global_guide", guide), "prototype_trace", None)
     if trace is None:
         return math.nan
-    sites = [
-        (name, site["fn"])
-        for name, site in trace.nodes.items()
-        if site["type"] == "sample" and not site["is_observed"]
-    ]
+    draws = posterior.draws(max(2, num_samples), seed=seed)  # {site: (1, draw, *shape)}
+    ratios = []
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(seed)
-        draws = [guide() for _ in range(num_samples)]
-        ratios = []
-        for name, prior in sites:
-            if name not in draws[0]:
+        for name, site in trace.nodes.items():
+            if site["type"] != "sample" or site["is_observed"] or name not in draws:
                 continue
+            prior = site["fn"]
             to_unconstrained = biject_to(prior.support).inv
-            guided = to_unconstrained(torch.stack([d[name] for d in draws])).std(0)
-            spread = to_unconstrained(prior.sample((_PRIOR_DRAWS,))).std(0)
-            ratios.append((guided / spread)[spread > 0].flatten().cpu())
+            guided = to_unconstrained(draws[name].flatten(0, 1)).std(0).cpu()
+            spread = to_unconstrained(prior.sample((_PRIOR_DRAWS,))).std(0).cpu()
+            if guided.shape != spread.shape:  # a latent kept per row, say: no prior to match
+                continue
+            ratios.append((guided / spread)[spread > 0].flatten())
     values = torch.cat(ratios) if ratios else torch.zeros(0)
     return float(values.median()) if values.numel() else math.nan
 

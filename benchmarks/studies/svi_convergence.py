@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> dict:
         epistemic=round(pred.epistemic.mean().item(), 4),
         elbo_moved_per_obs=round(elbo_change_per_obs(elbo, n), 3),
         elbo_noise_per_obs=round(elbo_noise_per_obs(elbo, n), 4),
-        scale_ratio=round(guide_scale_ratio(guide), 3),
+        scale_ratio=round(guide_scale_ratio(post), 3),
         site_scales={
             name: round(guide._get_loc_and_scale(name)[1].median().item(), 4) for name in sites
         },
@@ -106,7 +106,7 @@ def _estimator(name: str, fit_options: dict) -> dict:
         accuracy=round(clf.score(x[cut:], y[cut:]), 4),
         nll=round(float(nll), 4),
         epistemic=float(clf.predict_uncertainty(x[cut:]).epistemic.mean()),
-        scale_ratio=round(guide_scale_ratio(clf.posterior_.guide), 4),
+        scale_ratio=round(guide_scale_ratio(clf.posterior_), 4),
     )
     print(json.dumps(row))
     return row

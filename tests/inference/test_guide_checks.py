@@ -60,7 +60,7 @@ def test_a_collapsed_guide_is_flagged(digits, capsys):
     """100 steps from init_scale 1e-3 leave every scale near 1e-3 (Adam moves a log-scale by
     about lr per step): a point, where the prior's sd is about 1; the verdict says so."""
     collapsed = _fit(digits.train[:128], init_scale=1e-3)
-    assert guide_scale_ratio(collapsed.guide) < 0.01
+    assert guide_scale_ratio(collapsed) < 0.01
     verdict = diagnose(collapsed, num_samples=20).attrs["verdict"]
     assert any(line.startswith("WARN  guide sd / prior sd") for line in verdict)
     assert "init_scale 0.001" in capsys.readouterr().out
@@ -68,6 +68,6 @@ def test_a_collapsed_guide_is_flagged(digits, capsys):
 
 def test_a_guide_with_spread_is_not_flagged(digits):
     collapsed = _fit(digits.train[:128], init_scale=0.1)
-    assert guide_scale_ratio(collapsed.guide) > 2 * SCALE_RATIO_MIN
+    assert guide_scale_ratio(collapsed) > 2 * SCALE_RATIO_MIN
     verdict = diagnose(collapsed, num_samples=20, verbose=False).attrs["verdict"]
     assert any(line.startswith("ok    guide sd / prior sd") for line in verdict)

@@ -101,7 +101,7 @@ def test_a_short_svi_fit_keeps_epistemic_uncertainty(fitted, small_digits):
     and the epistemic part about 1e-4 nats; the estimator starts its guide at 0.1."""
     _, _, x_test, _ = small_digits
     assert fitted.predict_uncertainty(x_test).epistemic.mean() > 0.01
-    assert guide_scale_ratio(fitted.posterior_.guide) > SCALE_RATIO_MIN
+    assert guide_scale_ratio(fitted.posterior_) > SCALE_RATIO_MIN
     assert fitted.posterior_.record["init_scale"] == 0.1
     verdict = fitted.posterior_.diagnose(num_samples=20, verbose=False).attrs["verdict"]
     assert any(line.startswith("ok    guide sd / prior sd") for line in verdict)

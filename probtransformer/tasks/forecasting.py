@@ -39,7 +39,9 @@ class ForecastingTask(FeatureTask):
     metrics_note = (
         "computed over every (origin, step) of the test split, in the data's units: RMSE and MAE "
         "of the posterior predictive mean, coverage and mean width of the 90% predictive "
-        "interval (noise included), CRPS from the predictive samples."
+        "interval (quantiles of the mixture of the draws' likelihoods, noise included; "
+        "flagged outside metrics.coverage_band for the number of test points), CRPS from the "
+        "predictive samples."
     )
     printed_metrics = (
         ("rmse", ""),
@@ -92,6 +94,13 @@ class ForecastingTask(FeatureTask):
             interval_width=float((upper - lower).double().mean()),
             crps=metrics.crps_samples(pred.samples, test.y),
         )
+        num_samples = pred.samples.shape[0]
+        low, high = metrics.coverage_band(INTERVAL_PROB, int(test.y.numel()))
+        values["interval_coverage_band"] = [low, high]
+        lines = interval_lines(
+            {**values, "num_test_forecasts": int(test.y.numel()), "num_samples": num_samples}
+        )
+        values["warnings"] = [line for line in lines if not line.startswith("ok")]
         frame = forecast_frame(pred, test, splits.meta, prob=INTERVAL_PROB)
 
         def write(staging: Path, record: dict) -> None:
@@ -103,7 +112,8 @@ class ForecastingTask(FeatureTask):
             plots.save_figure(figure, staging / FORECAST_FILE)
 
         sizes = dict(horizon=splits.meta.get("horizon"), num_test_forecasts=int(test.y.numel()))
-        return Evaluation(values, sizes, pred.samples.shape[0], write, prediction=pred)
+        lines = [f"  {line}" for line in lines]
+        return Evaluation(values, sizes, num_samples, write, lines=lines, prediction=pred)
 
     def report(self, context: ReportContext) -> tuple[dict[str, str], int | str]:
         """The fan chart and the interval coverage per step, drawn again."""
@@ -175,6 +185,46 @@ class ForecastingTask(FeatureTask):
         """``mean``, ``std``, ``aleatoric``, ``epistemic`` (variances), ``lower``, ``upper`` (90%
         predictive interval) per horizon step."""
         return pred.to_dataframe()
+
+
+def interval_lines(record: dict) -> list[str]:
+    """Verdict lines on the test-split predictive interval of a forecasting run: ``"WARN  ..."``
+    when its coverage is outside ``metrics.coverage_band`` for the number of test points
+    (``"ok    ..."`` otherwise), and ``"info  ..."`` for a one-draw posterior, whose interval is
+    the likelihood's noise alone. ``fit`` prints them and keeps all but the ok line in
+    metrics.json (``warnings``); ``diagnose`` prints them from metrics.json.
+
+    Args:
+        record: metrics.json (or ``evaluate``'s metrics) with ``interval_coverage``,
+            ``num_test_forecasts`` and, optionally, ``interval_prob`` (default 0.9) and
+            ``num_samples``.
+
+    Returns:
+        One or two lines, each led by its flag (6 characters).
+    """
+    from probtransformer import metrics
+
+    coverage, n = record["interval_coverage"], int(record["num_test_forecasts"])
+    prob = record.get("interval_prob", INTERVAL_PROB)
+    low, high = metrics.coverage_band(prob, n)
+    text = (
+        f"{prob:.0%} predictive interval covers {coverage:.3f} of {n} test points (flag outside "
+        f"[{low:.2f}, {high:.2f}]: the binomial error of {n} points, at least "
+        f"[{1 - 2 * (1 - prob):.2f}, {1 - 0.3 * (1 - prob):.2f}])"
+    )
+    if coverage < low:
+        text = "WARN  " + text + ": the interval is too narrow for these data; trust its width less"
+    elif coverage > high:
+        text = "WARN  " + text + ": the interval is wider than it needs to be"
+    else:
+        text = "ok    " + text
+    lines = [text]
+    if record.get("num_samples") == 1:
+        lines.append(
+            "info  one posterior draw (a point estimate): the interval is the likelihood's "
+            "noise alone, with no epistemic part"
+        )
+    return lines
 
 
 def forecast_frame(pred, test, meta: dict, *, prob: float = 0.9):

@@ -370,6 +370,30 @@ def test_forecast_run_directory_and_metrics(forecast_run):
     inside = (frame["lower"] <= frame["y"]) & (frame["y"] <= frame["upper"])
     assert record["interval_coverage"] == pytest.approx(inside.mean())
     assert (frame["lower"] <= frame["upper"]).all()
+    # the coverage verdict: its band from 240 test points, a WARN only outside it
+    low, high = record["interval_coverage_band"]
+    assert (low, high) == pytest.approx(metrics.coverage_band(0.9, 240))
+    far = not low <= record["interval_coverage"] <= high
+    assert [w.startswith("WARN") for w in record["warnings"]] == [True] * far
+    flag = "WARN" if far else "ok  "
+    assert re.search(
+        rf"^  {flag}  90% predictive interval covers [\d.]+ of 240 test", printed, re.M
+    )
+
+
+def test_diagnose_flags_a_forecast_whose_interval_covers_too_little(forecast_run, tmp_path, capsys):
+    """The verdict reads the test-split coverage from metrics.json: 0.39 of 240 points is far
+    below a 90% interval's band."""
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(forecast_run[0], run_dir)
+    record = _record(run_dir) | {"interval_coverage": 0.39}
+    (run_dir / "metrics.json").write_text(json.dumps(record))
+    capsys.readouterr()
+    assert main(["diagnose", str(run_dir), "--num-samples", "10"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^WARN  90% predictive interval covers 0.390 of 240 test points", out, re.M)
 
 
 def test_forecast_report_has_the_fan_chart(forecast_run, capsys):

@@ -269,6 +269,7 @@ def forecast_figure(frame, meta: dict, *, forecasts: int = FORECASTS, prob: floa
     ``prob`` interval."""
     import pandas as pd
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     series = meta.get("series")
     origins = frame["origin"].unique()
@@ -298,9 +299,22 @@ def forecast_figure(frame, meta: dict, *, forecasts: int = FORECASTS, prob: floa
         ax.plot(x, part["y"], color="black", marker="o", markersize=3, label="truth")
         ax.set_title(f"origin {part['period'].iloc[0]}", fontsize=9)
         ax.tick_params(labelsize=8)
+        if _integer_valued(x):  # years read as floats (1871.0): no tick at 1952.5
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.ticklabel_format(axis="x", style="plain", useOffset=False)
     for ax in axes[len(chosen) :]:
         ax.set_visible(False)
     axes[0].legend(fontsize=7)
     if title:
         fig.suptitle(title, fontsize=10)
     return fig
+
+
+def _integer_valued(x) -> bool:
+    """Whether the time values ``x`` are plain numbers that are all whole (years, steps)."""
+    values = np.asarray(x)
+    if values.dtype.kind in "iu":
+        return True
+    if values.dtype.kind != "f":
+        return False  # dates, periods, labels
+    return bool((np.isfinite(values) & (values == np.round(values))).all())

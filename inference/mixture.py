@@ -26,16 +26,17 @@ def _standard_cdf(z: torch.Tensor, df: float) -> torch.Tensor:
         return torch.special.ndtr(z)
     from scipy.special import stdtr
 
-    return torch.from_numpy(stdtr(df, z.numpy()))
+    return torch.as_tensor(stdtr(df, z.numpy()), dtype=torch.float64)
 
 
-def _standard_quantile(q: float, df: float) -> float:
-    """Quantile ``q`` of the standard Normal (``df = inf``) or Student-t."""
+def standard_quantile(q: torch.Tensor, df: float) -> torch.Tensor:
+    """Quantiles ``q`` (float64, any shape, in (0, 1)) of the standard Normal (``df = inf``) or
+    Student-t with ``df`` degrees of freedom."""
     if math.isinf(df):
-        return float(torch.special.ndtri(torch.tensor(q, dtype=torch.float64)))
+        return torch.special.ndtri(q)
     from scipy.special import stdtrit
 
-    return float(stdtrit(df, q))
+    return torch.as_tensor(stdtrit(df, q.numpy()), dtype=torch.float64)
 
 
 def mixture_quantile(loc: torch.Tensor, scale: torch.Tensor, q: float, *, df: float = math.inf):
@@ -71,7 +72,8 @@ def mixture_quantile(loc: torch.Tensor, scale: torch.Tensor, q: float, *, df: fl
     loc, scale = loc.detach().cpu().double(), scale.detach().cpu().double()
     if not (torch.isfinite(scale).all() and (scale >= 0).all()):
         raise ValueError("scale must be finite and >= 0 everywhere")
-    own = loc + scale * _standard_quantile(q, df)  # (S, ...) each draw's own quantile
+    own = loc + scale * float(standard_quantile(torch.tensor(q, dtype=torch.float64), df))
+    # (S, ...) each draw's own quantile
     lower, upper = own.min(0).values, own.max(0).values  # (...) mixture CDF <= q, >= q
     if loc.shape[0] == 1:
         return lower

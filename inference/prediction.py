@@ -10,7 +10,7 @@ import pandas as pd
 import torch
 
 from probtransformer.inference import _arviz
-from probtransformer.inference.mixture import mixture_quantile
+from probtransformer.inference.mixture import mixture_quantile, standard_quantile
 
 
 def _entropy(probs: torch.Tensor) -> torch.Tensor:
@@ -293,6 +293,35 @@ class RegressionPrediction:
             for q in ((1 - prob) / 2, (1 + prob) / 2)
         )
         return lower, upper
+
+    def predictive_samples(self, num_samples: int = 1000, *, seed: int = 0) -> torch.Tensor:
+        """Draws of a new observation ``y`` from the posterior predictive: ``ceil(num_samples /
+        S)`` from each draw's Normal or Student-t likelihood, so that a point estimate (``S =
+        1``) gets its noise too (``samples`` holds one ``y`` per draw). For CRPS
+        (``metrics.crps_samples``).
+
+        Args:
+            num_samples: at least this many draws in all, >= 1.
+            seed: seeds the draws.
+
+        Returns:
+            ``(K * S, N, ...)`` draws, ``K = ceil(num_samples / S)``, in the dtype of ``loc``;
+            ``samples`` itself when the family is unknown (``df`` None).
+
+        Raises:
+            ValueError: ``num_samples`` not an integer >= 1.
+        """
+        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+            raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}")
+        if self.df is None:
+            return self.samples
+        per_draw = math.ceil(num_samples / self.loc.shape[0])
+        gen = torch.Generator().manual_seed(seed)
+        shape = (per_draw, *self.loc.shape)  # (K, S, N, ...)
+        u = torch.rand(shape, generator=gen, dtype=torch.float64).clamp_min(2.0**-54)
+        z = standard_quantile(u, self.df)  # (K, S, N, ...) inverse-CDF draws
+        draws = self.loc.double() + self.scale.double() * z
+        return draws.flatten(0, 1).to(self.loc.dtype)
 
     def reject(
         self,

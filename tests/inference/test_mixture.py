@@ -7,6 +7,7 @@ import pytest
 import torch
 from scipy import stats
 
+from probtransformer import metrics
 from probtransformer.inference import RegressionPrediction
 from probtransformer.inference.mixture import mixture_quantile
 from probtransformer.inference.prediction import min_sample_draws
@@ -88,3 +89,27 @@ def test_another_family_needs_enough_sampled_draws():
         pred.predictive_interval(0.9)
     lower, upper = pred.predictive_interval(0.5)  # 10 >= 4: sample quantiles
     assert float(lower[0]) == pytest.approx(2.25) and float(upper[0]) == pytest.approx(6.75)
+
+
+@pytest.mark.parametrize("df", [math.inf, 5.0])
+def test_predictive_samples_of_one_draw_follow_its_likelihood(df):
+    """CRPS read one sampled y per draw: |y_1 - y| for a point estimate, not the noise's CRPS."""
+    loc, sd = torch.tensor([[2.0]]), 3.0  # (S=1, N=1)
+    variance = torch.tensor([[sd**2]])
+    pred = RegressionPrediction(samples=loc, loc=loc, variance=variance, df=df)
+    ys = pred.predictive_samples(20_000, seed=1)
+    assert ys.shape == (20_000, 1) and ys.dtype == torch.float32
+    assert float(ys.mean()) == pytest.approx(2.0, abs=0.1)
+    assert float(ys.std()) == pytest.approx(sd, rel=0.05)  # the scale is read from the sd
+    torch.testing.assert_close(ys, pred.predictive_samples(20_000, seed=1))  # seeded
+    if math.isinf(df):  # CRPS of N(mu, sd) at y (Gneiting & Raftery 2007): sd (z(2Phi-1) ...)
+        y = torch.tensor([5.0])
+        z = 1.0
+        exact = sd * (
+            z * (2 * stats.norm.cdf(z) - 1) + 2 * stats.norm.pdf(z) - 1 / math.sqrt(math.pi)
+        )
+        assert metrics.crps_samples(ys, y) == pytest.approx(exact, rel=0.03)
+    many = RegressionPrediction(
+        samples=torch.zeros(3, 2), loc=torch.zeros(3, 2), variance=torch.ones(3, 2)
+    )
+    assert many.predictive_samples(10).shape == (12, 2)  # ceil(10 / 3) = 4 per draw

@@ -217,17 +217,17 @@ def interval_lines(record: dict) -> list[str]:
     coverage, n = record["interval_coverage"], int(record["num_test_forecasts"])
     prob = record.get("interval_prob", INTERVAL_PROB)
     low, high = metrics.coverage_band(prob, n)
-    text = (
-        f"{prob:.0%} predictive interval covers {coverage:.3f} of {n} test points (flag outside "
-        f"[{low:.2f}, {high:.2f}]: the binomial error of {n} points, at least "
-        f"[{1 - 2 * (1 - prob):.2f}, {1 - 0.3 * (1 - prob):.2f}])"
+    band = (
+        f"band [{low:.2f}, {high:.2f}] ({1 - 2 * (1 - prob):.2f}-{1 - 0.3 * (1 - prob):.2f} "
+        "widened by 3 binomial SE)"
     )
+    text = f"{prob:.0%} predictive interval covers {coverage:.3f} of {n} test points"
     if coverage < low:
-        text = "WARN  " + text + ": the interval is too narrow for these data; trust its width less"
+        text = f"WARN  {text}, below the {band}: the interval is too narrow; trust its width less"
     elif coverage > high:
-        text = "WARN  " + text + ": the interval is wider than it needs to be"
+        text = f"WARN  {text}, above the {band}: the interval is wider than it needs to be"
     else:
-        text = "ok    " + text
+        text = f"ok    {text}, inside the {band}"
     lines = [text]
     if record.get("num_samples") == 1:
         lines.append(

@@ -213,14 +213,19 @@ def likelihood(trace: poutine.Trace, site: str):
 
 
 def predictive_reader(site: str) -> Reader:
-    """Categorical likelihoods: ``probs``; others: ``samples``, ``loc`` and ``variance``."""
+    """Categorical likelihoods: ``probs``; others: ``samples``, ``loc`` and ``variance``, and
+    for a Normal or Student-t ``df`` (``inf`` for a Normal), each entry's degrees of freedom."""
 
     def read(trace):
         fn = likelihood(trace, site)
         categorical = _categorical(fn)
         if categorical is not None:
             return {"probs": categorical.probs}
-        return {"samples": fn.sample(), "loc": fn.mean, "variance": fn.variance}
+        out = {"samples": fn.sample(), "loc": fn.mean, "variance": fn.variance}
+        df = _student_df(fn)
+        if df is not None:
+            out["df"] = df.expand(out["loc"].shape)
+        return out
 
     return read
 
@@ -321,6 +326,18 @@ def _parameters_kept(model: nn.Module, states: dict | None) -> Iterator[None]:
     finally:
         if kept is not None:
             _set_parameters(model, kept)
+
+
+def _student_df(fn) -> torch.Tensor | None:
+    """Degrees of freedom of the Normal (``inf``) or Student-t inside ``fn`` (through
+    ``.to_event``/``.mask`` wrappers only: a transformed Normal is another family), or None."""
+    while isinstance(fn, (torch.distributions.Independent, pyro.distributions.MaskedDistribution)):
+        fn = fn.base_dist
+    if isinstance(fn, torch.distributions.Normal):
+        return torch.full((), torch.inf, device=fn.loc.device)
+    if isinstance(fn, torch.distributions.StudentT):
+        return fn.df
+    return None
 
 
 def _categorical(fn) -> torch.distributions.Categorical | None:

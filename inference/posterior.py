@@ -363,7 +363,8 @@ class Posterior:
         Returns:
             Classification (categorical likelihood): ``Prediction`` with ``probs (S, N, C)``.
             Otherwise ``RegressionPrediction`` with ``samples``, ``loc`` and ``variance``
-            ``(S, N, ...)``. CPU tensors.
+            ``(S, N, ...)`` (CPU tensors) and the likelihood's ``df`` (``inf`` for a Normal,
+            None for a family other than Normal and Student-t).
 
         Raises:
             TypeError/ValueError: malformed inputs (see the model's ``validate``);
@@ -377,7 +378,10 @@ class Posterior:
             read, x, None, mask, draws, num_samples, seed, batch_size, memory_budget, distributed
         )
         out = {k: v.flatten(0, 1) for k, v in out.items()}
-        return Prediction(**out) if "probs" in out else RegressionPrediction(**out)
+        if "probs" in out:
+            return Prediction(**out)
+        df = _one_df(out.pop("df", None))
+        return RegressionPrediction(**out, df=df)
 
     def attention(
         self,
@@ -481,3 +485,11 @@ def _sum_log_prob(sites) -> torch.Tensor:
         if not site_is_subsample(site):
             total = total + site["fn"].log_prob(site["value"]).detach().cpu()
     return total
+
+
+def _one_df(df: torch.Tensor | None) -> float | None:
+    """The one degrees of freedom of every entry's Normal (``inf``) or Student-t likelihood, or
+    None (another family, or degrees of freedom that differ between entries)."""
+    if df is None or df.numel() == 0 or not bool((df == df.flatten()[0]).all()):
+        return None
+    return float(df.flatten()[0])

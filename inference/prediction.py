@@ -10,6 +10,7 @@ import pandas as pd
 import torch
 
 from probtransformer.inference import _arviz
+from probtransformer.inference.mixture import mixture_quantile, standard_quantile
 
 
 def _entropy(probs: torch.Tensor) -> torch.Tensor:
@@ -193,15 +194,24 @@ class RegressionPrediction:
     The predictive variance splits by the law of total variance into an aleatoric part (the
     expected noise variance) and an epistemic part (the variance of ``E[y | x, θ]`` over draws).
 
+    Predictive intervals are quantiles of the posterior predictive itself, the equal-weight
+    mixture of the ``S`` draws' likelihoods (``mixture.mixture_quantile``), when the likelihood
+    is a Normal or a Student-t (``df``); for one draw (a point estimate) that is the
+    likelihood's own interval, which holds the noise but no epistemic part.
+
     Attributes:
         samples: ``(S, N, ...)`` one draw of ``y`` from each posterior draw's likelihood (CPU).
         loc: ``(S, N, ...)`` ``E[y | x, θ_s]``, the regression function of each draw.
         variance: ``(S, N, ...)`` ``Var[y | x, θ_s]``, the noise variance of each draw.
+        df: degrees of freedom of each draw's Student-t likelihood (``math.inf``, the
+            default: a Normal); None for another family, whose predictive interval is then
+            read from ``samples`` (and refused below ``min_sample_draws`` draws).
     """
 
     samples: torch.Tensor
     loc: torch.Tensor
     variance: torch.Tensor
+    df: float | None = math.inf
 
     @property
     def mean(self) -> torch.Tensor:
@@ -234,16 +244,84 @@ class RegressionPrediction:
         """
         return _quantiles(self.loc, prob)
 
-    def predictive_interval(self, prob: float = 0.9) -> tuple[torch.Tensor, torch.Tensor]:
-        """Equal-tailed interval of a new observation ``y`` (noise included), from ``samples``.
-
-        Returns:
-            ``(lower, upper)``, each ``(N, ...)``.
+    @property
+    def scale(self) -> torch.Tensor:
+        """``(S, N, ...)`` scale of each draw's Normal or Student-t likelihood (``sqrt`` of the
+        variance, times ``sqrt((df - 2) / df)`` for a Student-t).
 
         Raises:
-            ValueError: ``prob`` not in (0, 1).
+            ValueError: the family is unknown (``df`` None), or a Student-t with ``df <= 2``
+                (no variance to read the scale from).
         """
-        return _quantiles(self.samples, prob)
+        if self.df is None:
+            raise ValueError("the likelihood is neither Normal nor Student-t (df is None)")
+        if math.isinf(self.df):
+            return self.variance.sqrt()
+        if not self.df > 2:
+            raise ValueError(f"a Student-t needs df > 2 to have a variance, got df={self.df}")
+        return (self.variance * (self.df - 2) / self.df).sqrt()
+
+    def predictive_interval(self, prob: float = 0.9) -> tuple[torch.Tensor, torch.Tensor]:
+        """Equal-tailed interval of a new observation ``y`` (noise included).
+
+        For a Normal or Student-t likelihood, the quantiles ``(1 -+ prob) / 2`` of the
+        posterior predictive, the equal-weight mixture of the ``S`` draws' likelihoods
+        (``mixture.mixture_quantile``): exact for the draws at hand, however few. One draw gives
+        the likelihood's own interval (aleatoric only). Another family takes the quantiles of
+        ``samples``, one ``y`` per draw, which needs ``min_sample_draws(prob)`` draws or more.
+
+        Returns:
+            ``(lower, upper)``, each ``(N, ...)``, in the dtype of ``loc``.
+
+        Raises:
+            ValueError: ``prob`` not in (0, 1); fewer than ``min_sample_draws(prob)`` draws for
+                a likelihood other than Normal or Student-t.
+        """
+        _check_prob(prob)
+        if self.df is None:
+            draws, needed = self.samples.shape[0], min_sample_draws(prob)
+            if draws < needed:
+                raise ValueError(
+                    f"a {prob:.0%} interval read from one sampled y per draw needs at least "
+                    f"{needed} draws (one in each tail), got {draws}: predict with more "
+                    "num_samples"
+                )
+            return _quantiles(self.samples, prob)
+        scale = self.scale
+        lower, upper = (
+            mixture_quantile(self.loc, scale, q, df=self.df).to(self.loc.dtype)
+            for q in ((1 - prob) / 2, (1 + prob) / 2)
+        )
+        return lower, upper
+
+    def predictive_samples(self, num_samples: int = 1000, *, seed: int = 0) -> torch.Tensor:
+        """Draws of a new observation ``y`` from the posterior predictive: ``ceil(num_samples /
+        S)`` from each draw's Normal or Student-t likelihood, so that a point estimate (``S =
+        1``) gets its noise too (``samples`` holds one ``y`` per draw). For CRPS
+        (``metrics.crps_samples``).
+
+        Args:
+            num_samples: at least this many draws in all, >= 1.
+            seed: seeds the draws.
+
+        Returns:
+            ``(K * S, N, ...)`` draws, ``K = ceil(num_samples / S)``, in the dtype of ``loc``;
+            ``samples`` itself when the family is unknown (``df`` None).
+
+        Raises:
+            ValueError: ``num_samples`` not an integer >= 1.
+        """
+        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+            raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}")
+        if self.df is None:
+            return self.samples
+        per_draw = math.ceil(num_samples / self.loc.shape[0])
+        gen = torch.Generator().manual_seed(seed)
+        shape = (per_draw, *self.loc.shape)  # (K, S, N, ...)
+        u = torch.rand(shape, generator=gen, dtype=torch.float64).clamp_min(2.0**-54)
+        z = standard_quantile(u, self.df)  # (K, S, N, ...) inverse-CDF draws
+        draws = self.loc.double() + self.scale.double() * z
+        return draws.flatten(0, 1).to(self.loc.dtype)
 
     def reject(
         self,
@@ -308,6 +386,17 @@ class RegressionPrediction:
             f"RegressionPrediction(draws={draws}, n={n}, mean_std={self.std.mean():.4g}, "
             f"mean_epistemic_var={self.epistemic.mean():.4g})"
         )
+
+
+def min_sample_draws(prob: float) -> int:
+    """Fewest draws whose sample quantiles give an equal-tailed ``prob`` interval with at least
+    one draw beyond each end: ``ceil(2 / (1 - prob))`` (20 for 90%).
+
+    Raises:
+        ValueError: ``prob`` not in (0, 1).
+    """
+    _check_prob(prob)
+    return math.ceil(round(2 / (1 - prob), 9))
 
 
 def _quantiles(values: torch.Tensor, prob: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -148,7 +148,8 @@ class Client:
 
         Returns:
             ``Prediction`` with ``probs (S, N, C)`` (``(S, N, T, C)`` for token models), or
-            ``RegressionPrediction`` with ``samples``, ``loc``, ``variance`` ``(S, N, ...)``.
+            ``RegressionPrediction`` with ``samples``, ``loc``, ``variance`` ``(S, N, ...)`` and
+            the ``df`` of the likelihood the server's metadata names.
 
         Raises:
             ValueError, PermissionError, ServerError, ConnectionError: see ``Client``.
@@ -176,6 +177,7 @@ class Client:
                 samples=_stack(draws, "samples"),
                 loc=_stack(draws, "loc"),
                 variance=_stack(draws, "variance"),
+                df=_likelihood_df((self._metadata or self.metadata()).get("likelihood")),
             )
         except (KeyError, TypeError, ValueError, RuntimeError) as e:
             raise self._not_ours(200, f"its draws do not stack: {type(e).__name__}: {e}") from None
@@ -301,3 +303,14 @@ def _as_list(value) -> list:
 def _stack(draws: list[dict], name: str) -> torch.Tensor:
     """``(S, N, ...)`` float32 from each row's ``(S, ...)`` draws of ``name``."""
     return torch.stack([torch.tensor(row[name], dtype=torch.float32) for row in draws], 1)
+
+
+def _likelihood_df(likelihood: dict | None) -> float | None:
+    """``RegressionPrediction.df`` from the metadata's ``likelihood``: inf for a Normal, the
+    Student-t's df, None for another family (or a server that does not say)."""
+    family = (likelihood or {}).get("family")
+    if family == "normal":
+        return math.inf
+    if family == "student_t":
+        return float(likelihood["df"])
+    return None

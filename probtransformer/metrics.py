@@ -253,6 +253,43 @@ def interval_coverage(lower: ArrayLike, upper: ArrayLike, y: ArrayLike) -> float
     return float(((lo <= target) & (target <= hi)).mean())
 
 
+def coverage_band(prob: float, n: int, *, z: float = 3.0) -> tuple[float, float]:
+    """Range of empirical coverage that does not flag a ``prob`` interval on ``n`` test points.
+
+    Two allowances, the wider one kept at each end:
+
+    - a fixed one for misspecification that is tolerable: a miss rate up to twice the nominal
+      ``1 - prob`` and down to 0.3 of it, i.e. ``[1 - 2 (1 - prob), 1 - 0.3 (1 - prob)]``,
+      which is 0.8 to 0.97 for a 90% interval (the target band of issue 44);
+    - the binomial sampling error of a calibrated interval's coverage on ``n`` independent
+      points, ``prob -+ z sqrt(prob (1 - prob) / n)`` (``z = 3``: a calibrated interval is
+      flagged by chance about once in 370 runs). Test points of overlapping forecast windows
+      are correlated, so the true error is larger than this; the fixed allowance covers the
+      difference for the test sets here (95 points: 0.8 to 0.99 for 90%).
+
+    Args:
+        prob: nominal probability of the interval, in (0, 1).
+        n: number of test points (targets) the coverage was measured on, >= 1.
+        z: standard errors of the binomial allowance, > 0.
+
+    Returns:
+        ``(low, high)`` within [0, 1]: coverage outside it is far from nominal.
+
+    Raises:
+        ValueError: ``prob`` not in (0, 1), ``n`` < 1 or ``z`` not > 0.
+        TypeError: ``n`` not an int.
+    """
+    if not (isinstance(prob, (int, float)) and 0 < prob < 1):
+        raise ValueError(f"prob must be in (0, 1), got {prob!r}")
+    check_int("n", n, type_error=True)
+    if not (isinstance(z, (int, float)) and z > 0):
+        raise ValueError(f"z must be a number > 0, got {z!r}")
+    error = z * (prob * (1 - prob) / n) ** 0.5
+    low = min(1 - 2 * (1 - prob), prob - error)
+    high = max(1 - 0.3 * (1 - prob), prob + error)
+    return max(0.0, low), min(1.0, high)
+
+
 def crps_samples(samples: ArrayLike, y: ArrayLike) -> float:
     """Continuous ranked probability score from predictive samples (Gneiting & Raftery 2007).
 

@@ -347,6 +347,8 @@ class Service:
                 "standardized_by_server": self.scaling is not None,
             },
             "prediction": "categorical" if self.categorical else "regression",
+            # each draw's likelihood, which the predictive interval mixes (Client.predict)
+            "likelihood": None if self.categorical else _likelihood(model),
             "classes": self.class_names,
             "vocabulary": self.vocab,
             "training_range": None
@@ -356,6 +358,15 @@ class Service:
             "diagnostics": self.diagnostics,
             "units": self.units,
         }
+
+
+def _likelihood(model) -> dict:
+    """``{"family", "df"}`` of a regression model's likelihood: ``"normal"`` (df None),
+    ``"student_t"`` with its df, or family None for a model that does not say."""
+    family = getattr(model, "likelihood", None)
+    if family not in ("normal", "student_t"):
+        return {"family": None, "df": None}
+    return {"family": family, "df": float(model.df) if family == "student_t" else None}
 
 
 def parse_sequences(sequences: list, model, *, tokens: bool) -> torch.Tensor:

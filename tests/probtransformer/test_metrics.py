@@ -8,6 +8,7 @@ from probtransformer.metrics import (
     accuracy,
     brier,
     classification_report,
+    coverage_band,
     crps_samples,
     ece,
     interval_coverage,
@@ -207,3 +208,15 @@ def test_other_metrics_reject_bad_inputs():
         crps_samples(np.zeros((10, 3)), np.zeros(4))
     with pytest.raises(ValueError, match="samples must be finite"):
         crps_samples(np.full((10, 3), np.inf), np.zeros(3))
+
+
+def test_coverage_band_is_the_issue_band_or_the_binomial_error_whichever_is_wider():
+    # 90%, many points: the 0.8-0.97 band; 95 points: 3 sd = 0.092 widens the top to 0.992
+    assert coverage_band(0.9, 10_000) == pytest.approx((0.8, 0.97))
+    low, high = coverage_band(0.9, 95)
+    assert low == pytest.approx(0.8) and high == pytest.approx(0.9 + 3 * (0.09 / 95) ** 0.5)
+    assert coverage_band(0.9, 4) == pytest.approx((0.45, 1.0))  # 3 sd = 0.45, capped
+    with pytest.raises(ValueError, match=r"prob must be in \(0, 1\), got 1.5"):
+        coverage_band(1.5, 10)
+    with pytest.raises(TypeError, match="n must be an int"):
+        coverage_band(0.9, 10.0)

@@ -2,6 +2,7 @@
 API, a truncated answer), through httpx's mock transport: no server runs."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -60,6 +61,28 @@ def test_a_well_formed_answer_gives_a_prediction():
     rows = [{"draws": {"probs": [[0.25, 0.75]]}}] * 2
     pred = _client(_predict_answer(rows)).predict(torch.zeros(2, 3, 1), num_samples=1)
     assert pred.probs.shape == (1, 2, 2)
+
+
+@pytest.mark.parametrize(
+    "likelihood, df, width",
+    [
+        ({"family": "normal", "df": None}, math.inf, 2 * 1.6448536),  # 90% of N(0, 1)
+        ({"family": "student_t", "df": 4.0}, 4.0, 2 * 2.1318468 / math.sqrt(2)),  # sd 1
+    ],
+)
+def test_a_regression_answer_mixes_the_likelihood_the_metadata_names(likelihood, df, width):
+    """One draw of sd 1: the interval is that draw's likelihood's, not a sampled y's (zero)."""
+    rows = [{"draws": {"samples": [[0.3]], "loc": [[0.0]], "variance": [[1.0]]}}]
+
+    def answer(request):
+        if request.url.path == "/metadata":
+            return httpx.Response(200, json={**METADATA, "likelihood": likelihood})
+        return httpx.Response(200, json={"rows": rows})
+
+    pred = _client(answer).predict(torch.zeros(1, 3, 1), num_samples=1)
+    assert pred.df == df
+    lower, upper = pred.predictive_interval(0.9)
+    assert float(upper[0] - lower[0]) == pytest.approx(width, rel=1e-6)
 
 
 @pytest.mark.parametrize(

@@ -270,11 +270,8 @@ def _sibling(target: Path, suffix: str) -> Path:
 def _kept_path(target: Path) -> Path:
     """Where a Ctrl-C after the fit keeps the fitted posterior: ``OUT.posterior``, or the first
     free ``OUT.posterior-2``, ``-3``, ... (nothing there is replaced)."""
-    kept, n = _sibling(target, ".posterior"), 1
-    while kept.exists() or kept.is_symlink():
-        n += 1
-        kept = _sibling(target, f".posterior-{n}")
-    return kept
+    kept = _sibling(target, ".posterior")
+    return next_free(kept) if kept.exists() or kept.is_symlink() else kept
 
 
 def _describe(post, args: argparse.Namespace, splits, meta: dict) -> None:

@@ -268,6 +268,8 @@ def out_of_range_message(
     loc: list[float] | None = None,
     scale: list[float] | None = None,
     names: list[str] | None = None,
+    low: list[float] | None = None,
+    high: list[float] | None = None,
 ) -> str | None:
     """Why features ``x`` look preprocessed unlike the training data: they reach more than one
     training span ``x_range = [low, high]`` beyond it; None when they do not (or for token ids,
@@ -277,33 +279,42 @@ def out_of_range_message(
         x: the model's inputs, ``(..., F)`` floats (or token ids: no check).
         x_range: ``[low, high]`` of the training inputs (``record["x_range"]``).
         loc, scale: ``(F,)``: the model's inputs are ``(raw - loc) / scale`` of a file's
-            columns (a ``fit --data`` run). The check is the same, but the message gives each
-            far-off feature (up to 3, named by ``names``) in the file's units: its span, and
-            ``x_range`` with the standardization undone.
+            columns (a ``fit --data`` run). The message gives each far-off feature (up to 3,
+            named by ``names``) in the file's units: its span, and its training range.
+        low, high: ``(F,)`` with ``loc`` and ``scale``: each column's training range in the
+            file's units; a feature is far off when it reaches more than its own span beyond
+            it. Without them (runs saved before they were recorded), ``x_range`` with the
+            standardization undone stands in, a bound on every column's range.
     """
     if not x_range or not x.is_floating_point() or x.numel() == 0:
         return None
-    low, high = x_range
-    span = max(high - low, 1e-12)
     if loc is not None and scale is not None:
-        return _raw_out_of_range_message(x, low, high, span, loc, scale, names)
+        return _raw_out_of_range_message(x, x_range, loc, scale, names, low, high)
+    train_low, train_high = x_range
+    span = max(train_high - train_low, 1e-12)
     got_low, got_high = float(x.min()), float(x.max())
-    if got_low < low - span or got_high > high + span:
+    if got_low < train_low - span or got_high > train_high + span:
         return (
             f"x spans [{got_low:.4g}, {got_high:.4g}] but the training features spanned "
-            f"[{low:.4g}, {high:.4g}]: check that the inputs are preprocessed as in training"
+            f"[{train_low:.4g}, {train_high:.4g}]: check that the inputs are preprocessed as in "
+            "training"
         )
     return None
 
 
-def _raw_out_of_range_message(x, low, high, span, loc, scale, names) -> str | None:
+def _raw_out_of_range_message(x, x_range, loc, scale, names, low, high) -> str | None:
     """``out_of_range_message`` per feature in the units of the file before standardization."""
     loc_ = torch.tensor(loc, dtype=torch.float64)
     scale_ = torch.tensor(scale, dtype=torch.float64)
     raw = x.reshape(-1, x.shape[-1]).double() * scale_ + loc_  # (M, F), the file's units
     got_low, got_high = raw.min(0).values, raw.max(0).values
-    train_low, train_high = loc_ + low * scale_, loc_ + high * scale_
-    far = (got_low < train_low - span * scale_) | (got_high > train_high + span * scale_)
+    if low is not None and high is not None:  # (F,) each column's own training range
+        train_low = torch.tensor(low, dtype=torch.float64)
+        train_high = torch.tensor(high, dtype=torch.float64)
+    else:  # the pooled range of the standardized features, undone: a bound on each column's
+        train_low, train_high = loc_ + x_range[0] * scale_, loc_ + x_range[1] * scale_
+    span = (train_high - train_low).clamp_min(1e-12)
+    far = (got_low < train_low - span) | (got_high > train_high + span)
     if not far.any():
         return None
     parts = [

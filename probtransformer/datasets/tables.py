@@ -139,6 +139,9 @@ class TableSchema:
         class_names: the classes in index order (classification, tagging), else None.
         vocab: the token of each id for a text feature (``vocab[0] == "<unk>"``), else None.
         x_loc, x_scale: per numeric feature, the standardization (None: not scaled).
+        x_min, x_max: per numeric feature, the range of the real training steps in the
+            file's units (None: not scaled, or a run saved before they were recorded): what
+            ``predict`` and ``serve`` compare new inputs with.
     """
 
     layout: str
@@ -152,6 +155,8 @@ class TableSchema:
     vocab: list[str] | None = None
     x_loc: list[float] | None = None
     x_scale: list[float] | None = None
+    x_min: list[float] | None = None
+    x_max: list[float] | None = None
     source: str = field(default="DataFrame", compare=False)
 
     @classmethod
@@ -263,6 +268,7 @@ class TableSchema:
             loc, sd = real.mean(0), real.std(0, correction=0)
             schema.x_loc = loc.tolist()
             schema.x_scale = torch.where(sd > 0, sd, torch.ones_like(sd)).tolist()
+            schema.x_min, schema.x_max = real.min(0).values.tolist(), real.max(0).values.tolist()
         return schema
 
     def encode(self, frame: pd.DataFrame, *, learning: bool = False) -> SequenceData:
@@ -443,7 +449,7 @@ class TableSchema:
         except TypeError:
             raise ValueError(f"a table schema needs {sorted(cls.__dataclass_fields__)}") from None
         strings = [schema.layout, schema.task, *schema.features]
-        lists = [schema.features, schema.class_names, schema.vocab, schema.x_loc, schema.x_scale]
+        lists = [schema.features, schema.class_names, schema.vocab]
         if (
             schema.layout not in LAYOUTS
             or schema.task not in TASKS
@@ -452,6 +458,17 @@ class TableSchema:
             or not isinstance(schema.max_len, int)
         ):
             raise ValueError(f"not a valid table schema: {value!r:.200}")
+        for name in ("x_loc", "x_scale", "x_min", "x_max"):
+            numbers = getattr(schema, name)
+            if numbers is not None and not (
+                isinstance(numbers, list)
+                and all(isinstance(v, int | float) and not isinstance(v, bool) for v in numbers)
+                and all(math.isfinite(v) for v in numbers)
+            ):
+                raise ValueError(
+                    f"table schema field {name!r} must be a list of finite numbers, one per "
+                    f"feature, got {numbers!r:.80}"
+                )
         return schema
 
     @property

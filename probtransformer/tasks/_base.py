@@ -199,15 +199,16 @@ def read_table_data(path: Path, run: Any) -> tuple[Any, Any, str | None]:
 
 def table_scaling(record: dict) -> dict[str, Any] | None:
     """How a ``fit --data`` run standardized the file's numeric columns for its model, as
-    ``out_of_range_message``'s ``loc``, ``scale`` (``(F,)``) and ``names`` (the columns; the
-    wide layout's one feature is the values); None for other runs (their inputs are the
-    model's)."""
+    ``out_of_range_message``'s ``loc``, ``scale`` (``(F,)``), ``names`` (the columns; the
+    wide layout's one feature is the values) and, where the run recorded them, ``low`` and
+    ``high`` (``(F,)``, each column's training range in the file's units); None for other runs
+    (their inputs are the model's)."""
     table = record.get("table") or {}
     if table.get("x_loc") is None or table.get("vocab") is not None:
         return None
     loc, scale, features = table["x_loc"], table["x_scale"], table["features"]
     names = features if len(features) == len(loc) else ["values"] * len(loc)
-    return dict(loc=loc, scale=scale, names=names)
+    return dict(loc=loc, scale=scale, names=names, low=table.get("x_min"), high=table.get("x_max"))
 
 
 def training_range(
@@ -215,11 +216,11 @@ def training_range(
 ) -> list[float] | dict[str, list[float]] | None:
     """The range of the training inputs, ``x_range`` (``[low, high]``); with a ``fit --data``
     run's ``scaling`` (``table_scaling``), per column in the file's units (``{column: [low,
-    high]}``, the standardization undone: a bound on each column's range)."""
+    high]}``: the recorded range of each column, or for runs saved before it was recorded,
+    ``x_range`` with the standardization undone, a bound on it)."""
     if x_range is None or scaling is None:
         return x_range
-    low, high = x_range
-    return {
-        name: [loc + low * scale, loc + high * scale]
-        for name, loc, scale in zip(scaling["names"], scaling["loc"], scaling["scale"], strict=True)
-    }
+    pairs = list(zip(scaling["loc"], scaling["scale"], strict=True))
+    lows = scaling["low"] or [loc + x_range[0] * scale for loc, scale in pairs]
+    highs = scaling["high"] or [loc + x_range[1] * scale for loc, scale in pairs]
+    return {name: [lo, hi] for name, lo, hi in zip(scaling["names"], lows, highs, strict=True)}

@@ -306,3 +306,44 @@ def test_ids_stay_text_and_text_times_order_as_dates(tmp_path):
         ValueError, match=r"column 'time', row 4: time 'soon' is neither a number nor a date"
     ):
         from_table(wrong, target="label", id="id", time="time")
+
+
+def test_each_column_is_judged_against_its_own_training_range():
+    """Two columns on different scales (issue 44's walk: a in [7, 188], b in [10, 2500]): the
+    range reported and checked is each column's own, not the pooled standardized range undone
+    (which let a = 500 pass and reported b down to -99)."""
+    from probtransformer.inference.inputs import out_of_range_message
+    from probtransformer.tasks._base import table_scaling, training_range
+
+    rng = np.random.default_rng(0)
+    n = 40
+    frame = pd.DataFrame(
+        dict(
+            id=np.repeat(np.arange(n), 2), t=np.tile([0, 1], n),
+            a=rng.uniform(7, 188, 2 * n), b=rng.exponential(300, 2 * n).clip(10, 2500),
+            y=np.repeat(np.arange(n) % 2, 2),
+        )
+    )  # fmt: skip
+    schema = TableSchema.learn(frame, target="y", id="id", time="t")
+    record = dict(table=json.loads(json.dumps(schema.to_dict())))  # as a run saves it
+    scaling = table_scaling(record)
+    x = schema.encode(frame).x  # (N, T, 2) standardized
+    x_range = [float(x.min()), float(x.max())]
+    assert training_range(x_range, scaling) == {
+        "a": pytest.approx([frame["a"].min(), frame["a"].max()]),
+        "b": pytest.approx([frame["b"].min(), frame["b"].max()]),
+    }
+    loc, scale = torch.tensor(schema.x_loc), torch.tensor(schema.x_scale)
+    far = (torch.tensor([[[500.0, 100.0]]]) - loc) / scale  # a: 2.7x its max, b: inside
+    message = out_of_range_message(far.float(), x_range, **scaling)
+    assert message is not None and message.startswith("a spans [500, 500]")
+    assert "b spans" not in message
+    inside = (torch.tensor([[[100.0, 2000.0]]]) - loc) / scale
+    assert out_of_range_message(inside.float(), x_range, **scaling) is None
+
+
+def test_a_schema_with_text_for_a_number_names_the_field():
+    schema = TableSchema(layout="wide", features=["a"], target="y", x_loc=[0.0], x_scale=[1.0])
+    tampered = schema.to_dict() | {"x_loc": "os.system"}
+    with pytest.raises(ValueError, match="table schema field 'x_loc' must be a list of finite"):
+        TableSchema.from_dict(tampered)

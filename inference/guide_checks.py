@@ -69,12 +69,18 @@ def elbo_line(elbo: list[float], num_data: int, flag: Callable[[bool, str], str]
     change = elbo_change_per_obs(elbo, num_data)
     noise = elbo_noise_per_obs(elbo, num_data)
     trend = change > ELBO_CHANGE_PER_OBS_MAX and not change <= ELBO_NOISE_SIGMAS * noise
+    noise_text = (
+        f"Monte Carlo noise ± {noise:.2g}"
+        if math.isfinite(noise)
+        else "its Monte Carlo noise unknown (fewer than 30 steps)"
+    )
     return flag(
         trend,
         f"ELBO {np.mean(elbo[-max(1, len(elbo) // 10) :]):.1f} nats; it moved {change:.3g} nats "
-        f"per observation over the last tenth of the steps, Monte Carlo noise ± {noise:.2g} "
-        f"(flag > {ELBO_CHANGE_PER_OBS_MAX} and > {ELBO_NOISE_SIGMAS:g}x the noise: not "
-        "converged, the guide is still moving; fit longer or with a larger lr)",
+        f"per observation over the last tenth of the steps, {noise_text} (flag > "
+        f"{ELBO_CHANGE_PER_OBS_MAX} and > {ELBO_NOISE_SIGMAS:g}x the noise: not converged, the "
+        "guide is still moving; fit longer or from a larger init_scale to converge, or keep it "
+        "as an early-stopped fit chosen on validation, as probtransformer fit's default is)",
     )
 
 

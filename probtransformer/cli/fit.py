@@ -251,14 +251,35 @@ def _run(
                 threads_chosen=threads_chosen,
             )
             record |= _data_record(meta)
+            collapse = _collapse_line(post, args.seed)
+            if collapse is not None:  # said with the metrics, not only by diagnose
+                record["warnings"] = [*record.get("warnings", []), collapse]
             if not args.overwrite and is_run_dir(target):  # another fit wrote it meanwhile
                 taken, target = target, next_free(target)
                 warn(f"{taken} received another run during this fit; writing {target} instead")
             write_run(target, post, splits, record, draws, task, evaluation)
         except KeyboardInterrupt:
             raise KeyboardInterrupt(_kept_fit(post, target)) from None
-    _print_metrics(target, record, task, evaluation.lines)
+    _print_metrics(target, record, task, [*evaluation.lines, *([collapse] if collapse else [])])
     return 130 if partial else 0
+
+
+def _collapse_line(post, seed: int) -> str | None:
+    """``guide_checks.collapse_line`` of an SVI fit whose guide has kept no spread (its
+    epistemic figures then mean nothing); None for other fits and for a guide with spread."""
+    from probtransformer.inference.diagnostics import _flag
+    from probtransformer.inference.guide_checks import (
+        SCALE_RATIO_MIN,
+        collapse_line,
+        guide_scale_ratio,
+    )
+
+    if post.guide is None or post.is_point_estimate or post.mc_dropout:
+        return None
+    ratio = guide_scale_ratio(post, seed=seed)
+    if not ratio < SCALE_RATIO_MIN:  # NaN (no prior to compare with) included
+        return None
+    return collapse_line(ratio, post.record.get("init_scale"), _flag)
 
 
 def _sibling(target: Path, suffix: str) -> Path:

@@ -617,7 +617,10 @@ def read_series(
             order, text in a number column, or NaN/inf (each names the column and row).
     """
     if time is None:
-        raise ValueError(f"{source}: forecasting needs the time column (time=...)")
+        raise ValueError(
+            f"{source}: forecasting needs the time column that orders the series: "
+            "time='COL' (--time COL)"
+        )
     _require(frame, [target, time, *(features or [])], source)
     features = features or [str(c) for c in frame.columns if c != time]
     _no_missing(frame[time], time, source)

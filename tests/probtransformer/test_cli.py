@@ -1324,3 +1324,17 @@ def test_sigterm_stops_a_command_as_ctrl_c_does(monkeypatch, capsys):
 
     monkeypatch.setattr(diagnose_command, "run", run_keeping_work)
     assert main(["diagnose", "some-run"]) == 143
+
+
+def test_a_collapsed_svi_fit_is_flagged_with_its_metrics(tmp_path, capsys):
+    """30 steps from init_scale 1e-3 keep no spread (issue 44): fit's summary and metrics.json
+    say so, not only diagnose; from init_scale 0.3 the guide keeps it and nothing is said."""
+    for scale, flagged in (("0.001", True), ("0.3", False)):
+        out = tmp_path / scale
+        assert (
+            main(["fit", "--out", str(out), *TINY, "--num-train", "64", "--init-scale", scale]) == 0
+        )
+        printed = capsys.readouterr().out
+        warnings = json.loads((out / "metrics.json").read_text()).get("warnings", [])
+        assert ("WARN  guide sd / prior sd" in printed) is flagged
+        assert [w.startswith("WARN  guide sd / prior sd") for w in warnings] == [True] * flagged

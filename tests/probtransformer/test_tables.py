@@ -347,3 +347,9 @@ def test_a_schema_with_text_for_a_number_names_the_field():
     tampered = schema.to_dict() | {"x_loc": "os.system"}
     with pytest.raises(ValueError, match="table schema field 'x_loc' must be a list of finite"):
         TableSchema.from_dict(tampered)
+
+
+def test_a_forecast_without_a_time_column_names_the_option():
+    frame = pd.DataFrame(dict(year=np.arange(40), volume=np.arange(40.0)))
+    with pytest.raises(ValueError, match=r"time='COL' \(--time COL\)"):
+        from_table(frame, target="volume", task="forecasting", context=8, horizon=2)

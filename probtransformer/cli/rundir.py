@@ -78,7 +78,8 @@ def read_run(run_dir: str | Path, *, device: str = "cpu") -> Run:
 
     Raises:
         ValueError: neither a run directory nor a saved posterior, its metrics.json is not a
-            JSON object, or ``device`` is CUDA where none is available.
+            JSON object or holds a table schema that is not one (``TableSchema.from_dict``),
+            or ``device`` is CUDA where none is available.
     """
     from probtransformer.inference import load_posterior
     from probtransformer.inference.serialization import META_FILE
@@ -101,6 +102,13 @@ def read_run(run_dir: str | Path, *, device: str = "cpu") -> Run:
         raise ValueError(f"{run_dir / METRICS_FILE} is not valid JSON: {e}") from None
     if not isinstance(record, dict):
         raise ValueError(f"{run_dir / METRICS_FILE} must hold a JSON object")
+    if "table" in record:  # checked once here: predict, serve and report encode with it
+        from probtransformer.datasets.tables import TableSchema
+
+        try:
+            TableSchema.from_dict(record["table"])
+        except ValueError as e:
+            raise ValueError(f"{run_dir / METRICS_FILE}, field 'table': {e}") from None
     return Run(run_dir, record, load_posterior(run_dir / POSTERIOR_DIR, device=device))
 
 

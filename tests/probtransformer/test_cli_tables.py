@@ -4,6 +4,7 @@ CLI alone; bad tables refused before anything is written."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pandas as pd
@@ -211,3 +212,16 @@ def test_fit_data_reads_text_for_classification_and_tagging(tmp_path, capsys):
     assert main(["fit", *args, "--out", str(tmp_path / "numeric"), *TINY]) == 2
     assert "tagging reads token ids: its feature must be one text column" in capsys.readouterr().err
     assert not (tmp_path / "numeric").exists()
+
+
+def test_a_tampered_table_schema_is_named_by_file_and_field(table_run, tmp_path, capsys):
+    root, data = table_run
+    run = tmp_path / "run"
+    shutil.copytree(root / "run", run)
+    record = json.loads((run / "metrics.json").read_text())
+    record["table"]["x_loc"] = "os.system"
+    (run / "metrics.json").write_text(json.dumps(record))
+    args = ["predict", str(run), "--input", str(data), "--output", str(tmp_path / "p.csv")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"{run / 'metrics.json'}, field 'table': table schema field 'x_loc'" in err

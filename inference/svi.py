@@ -249,7 +249,7 @@ def fit_svi(
     bar = progress_bar(
         range(state.step, num_steps),
         progress=progress and writes,
-        desc="SVI",
+        desc="MAP" if guide == "delta" else "SVI",  # AutoDelta: a point estimate
         initial=state.step,
         total=num_steps,
         leave=False,

@@ -4,14 +4,12 @@ the run directory."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import math
 import os
 import sys
 import time
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +25,7 @@ from probtransformer.cli.options import (
     with_svi_preset,
 )
 from probtransformer.cli.rundir import is_run_dir, next_free, out_directory, write_run
+from probtransformer.cli.threads import fit_threads, intra_op_threads
 
 
 def run(args: argparse.Namespace) -> int:
@@ -182,14 +181,14 @@ def _run(
 
     with memory_use(FIT_COPIES, "fitting"):  # a model too large to fit is refused unbuilt
         model = task.build_model(meta, _model_options(args), model=args.model)
-    threads, threads_chosen = _threads(args, model, splits.train)
+    threads, threads_chosen = fit_threads(args, model, splits.train)
     if args.progress and (parallel is None or parallel.is_main):  # the progress's first line
         print(
             f"{PROG}: fitting on {threads} CPU thread{'s' * (threads != 1)} ({threads_chosen})",
             file=sys.stderr,
             flush=True,
         )
-    with _intra_op_threads(threads):
+    with intra_op_threads(threads):
         start = time.perf_counter()
         if args.inference == "mcmc":
             post = _fit_mcmc(model, splits.train, args, parallel is not None)
@@ -365,45 +364,6 @@ def _prediction_draws(post, num_samples: int | None) -> int | None:
     if num_samples is None and post.samples is not None:
         return math.prod(next(iter(post.samples.values())).shape[:2])  # chains x draws
     return num_samples
-
-
-def _threads(args: argparse.Namespace, model, train) -> tuple[int, str]:
-    """``(threads, why)``: ``--threads`` or the preset's, else ``OMP_NUM_THREADS``'s, else
-    ``cli.threads.default_threads`` for the model and the rows of one step."""
-    import torch
-
-    if args.threads is not None:
-        return args.threads, getattr(args, "threads_from", None) or "--threads"
-    if os.environ.get("OMP_NUM_THREADS"):  # the user's setting for torch: keep it
-        return torch.get_num_threads(), "OMP_NUM_THREADS"
-    from probtransformer.cli.library_defaults import DEFAULTS
-    from probtransformer.cli.threads import default_threads, machine_load
-
-    batch_size = args.batch_size
-    if batch_size is None:  # fit_svi's default; mcmc and mile always come with --threads
-        batch_size = int(DEFAULTS["fit"]["batch_size"])
-    config = getattr(model, "config", {})
-    cores = torch.get_num_threads()
-    threads, why = default_threads(
-        config, min(batch_size, len(train)), cores=cores, load=machine_load()
-    )
-    return threads, f"{why}; --threads N sets it"
-
-
-@contextlib.contextmanager
-def _intra_op_threads(threads: int | None) -> Iterator[None]:
-    """Run the block with ``torch.set_num_threads(threads)`` (None: leave it), then restore."""
-    if threads is None:
-        yield
-        return
-    import torch
-
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
 
 
 def _fit_svi(

@@ -13,8 +13,10 @@ and cores are idle to run them: then one thread per idle core.
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 #: Multiply-adds of one forward pass of a mini-batch below which ``fit`` uses one thread: just
@@ -69,4 +71,48 @@ def machine_load() -> float:
         return 0.0
 
 
-__all__ = ["MIN_PARALLEL_WORK", "default_threads", "forward_work", "machine_load"]
+def fit_threads(args: argparse.Namespace, model, train) -> tuple[int, str]:
+    """``(threads, why)`` of a ``fit``: ``--threads`` or the preset's (``args.threads_from``
+    says which), else ``OMP_NUM_THREADS``'s, else ``default_threads`` for ``model`` and the
+    rows of one step of ``train``."""
+    import torch
+
+    if args.threads is not None:
+        return args.threads, getattr(args, "threads_from", None) or "--threads"
+    if os.environ.get("OMP_NUM_THREADS"):  # the user's setting for torch: keep it
+        return torch.get_num_threads(), "OMP_NUM_THREADS"
+    from probtransformer.cli.library_defaults import DEFAULTS
+
+    batch_size = args.batch_size
+    if batch_size is None:  # fit_svi's default; mcmc and mile always come with --threads
+        batch_size = int(DEFAULTS["fit"]["batch_size"])
+    threads, why = default_threads(
+        getattr(model, "config", {}),
+        min(batch_size, len(train)),
+        cores=torch.get_num_threads(),
+        load=machine_load(),
+    )
+    return threads, f"{why}; --threads N sets it"
+
+
+@contextlib.contextmanager
+def intra_op_threads(threads: int) -> Iterator[None]:
+    """Run the block with ``torch.set_num_threads(threads)``, then restore torch's setting."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+__all__ = [
+    "MIN_PARALLEL_WORK",
+    "default_threads",
+    "fit_threads",
+    "forward_work",
+    "intra_op_threads",
+    "machine_load",
+]

@@ -176,13 +176,13 @@ def test_fit_records_its_threads_and_why(run, mcmc_run):
 
 
 def test_fit_threads_given_or_from_the_environment_are_kept(monkeypatch):
-    from probtransformer.cli.fit import _threads
+    from probtransformer.cli.threads import fit_threads
 
     given = argparse.Namespace(threads=2, threads_from=None, batch_size=None)
-    assert _threads(given, None, range(10)) == (2, "--threads")
+    assert fit_threads(given, None, range(10)) == (2, "--threads")
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     unset = argparse.Namespace(threads=None, threads_from=None, batch_size=None)
-    assert _threads(unset, None, range(10)) == (torch.get_num_threads(), "OMP_NUM_THREADS")
+    assert fit_threads(unset, None, range(10)) == (torch.get_num_threads(), "OMP_NUM_THREADS")
 
 
 def test_fit_inference_data_netcdf(run, splits):

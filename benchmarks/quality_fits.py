@@ -35,8 +35,8 @@ from probtransformer.inference import (
     fit_mcmc,
     fit_svi,
 )
-from probtransformer.inference.many_chains import MAP_BATCH_SIZE
-from probtransformer.inference.vectorized import VectorizedDensity
+from probtransformer.inference.mcmc.density import VectorizedDensity
+from probtransformer.inference.mcmc.starts import MAP_BATCH_SIZE
 
 SEEDS = (0, 1, 2)
 ENSEMBLE_MEMBERS = 5
@@ -428,11 +428,12 @@ def fit_route(
     methods' settings; MCLMC (``mile``, ``mile-circuits``) or ChEES (``chees-permember``). Its
     fit seconds count the ensemble's; the row records them against the batched ensemble's
     (``ensemble_ratio``; goal ``MILE_COST_RATIO``), the within-mode R-hat and bulk ESS of the
-    log density (``inference.modes``, worst over the members), the tuning per member and the
+    log density (``inference.diagnostics.modes``, worst over the members), the tuning per member
+    and the
     spread between members. ``reference_seconds``: the batched ensemble row's fit seconds, the
     ratio's denominator (None: this row's own ensemble's)."""
     from probtransformer.inference import fit_ensemble, fit_mile, modes
-    from probtransformer.inference._arviz import az
+    from probtransformer.inference.diagnostics._arviz import az
 
     optimised = optimised_settings(train, setup, seed, ctx)
     ensemble_options = dict(

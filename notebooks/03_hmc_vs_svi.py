@@ -44,7 +44,7 @@ from probtransformer import metrics
 from probtransformer.block import BAYESIAN_PARTS
 from probtransformer.datasets import load
 from probtransformer.inference import fit_mcmc, fit_svi
-from probtransformer.inference.diagnostics import format_table
+from probtransformer.inference.diagnostics.summary import format_table
 from probtransformer.models import SequenceClassifier
 
 SMOKE = os.environ.get("PROBTRANSFORMER_SMOKE") == "1"

@@ -54,7 +54,7 @@ from statsmodels.tsa.arima.model import ARIMA
 from probtransformer import metrics
 from probtransformer.datasets import SequenceData, load
 from probtransformer.inference import fit_svi
-from probtransformer.inference.prediction import PosteriorAttention
+from probtransformer.inference.posterior.results import PosteriorAttention
 from probtransformer.models import Seq2Seq, SequenceRegressor
 
 SMOKE = os.environ.get("PROBTRANSFORMER_SMOKE") == "1"

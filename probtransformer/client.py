@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from probtransformer.inference.prediction import Prediction, RegressionPrediction
+from probtransformer.inference.posterior.results import Prediction, RegressionPrediction
 from probtransformer.models.generate import TokenStep, _warn_unknown
 
 

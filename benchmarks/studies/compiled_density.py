@@ -4,7 +4,7 @@ On the 780-latent classifier of the NUTS benchmark (d_model 8, 2 heads, 1 layer,
 part latent), first 100 digits training rows, one thread (torch and XLA):
 
 - ``eager``: ``VectorizedDensity.log_density`` of K chains (the Pyro trace);
-- ``compiled``: the same with ``inference.compiled.CompiledPass`` (Inductor by default); its
+- ``compiled``: the same with ``inference.mcmc.compiled.CompiledPass`` (Inductor by default); its
   compile seconds (trace, code generation and the check against eager) and the growth of the
   process's peak resident memory while it compiled;
 - NumPyro: ``jax.jit(jax.value_and_grad(potential_fn))`` of one chain (what its NUTS pays per
@@ -39,9 +39,9 @@ import torch._inductor.config
 
 from benchmarks.studies.many_chains import _timed
 from benchmarks.studies.nuts_vs_numpyro import MODEL, import_numpyro_port, load_data
-from probtransformer.inference.compiled import CompiledPass
-from probtransformer.inference.many_chains import prior_states
-from probtransformer.inference.vectorized import VectorizedDensity
+from probtransformer.inference.mcmc.compiled import CompiledPass
+from probtransformer.inference.mcmc.density import VectorizedDensity
+from probtransformer.inference.mcmc.starts import prior_states
 from probtransformer.models import SequenceClassifier
 
 KS = (1, 16, 64, 256)
@@ -118,7 +118,7 @@ def predictive_seconds(draws: Sequence[int] = (1, 10, 100), repeats: int = 5) ->
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from probtransformer.datasets import load
-    from probtransformer.inference.compiled import _prepare
+    from probtransformer.inference.mcmc.compiled import _prepare
 
     test = load("digits").test
     model = SequenceClassifier(test.x.shape[2], 10, test.x.shape[1]).eval()

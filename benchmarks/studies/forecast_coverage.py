@@ -16,7 +16,7 @@ import torch
 
 from probtransformer import metrics
 from probtransformer.cli.rundir import read_run, run_data
-from probtransformer.inference.prediction import _quantiles
+from probtransformer.inference.posterior.results import _quantiles
 
 PROB = 0.9
 

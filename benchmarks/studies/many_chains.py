@@ -56,8 +56,8 @@ from benchmarks.studies.nuts_vs_numpyro import (
 )
 from probtransformer import metrics
 from probtransformer.inference import fit_mcmc
-from probtransformer.inference.many_chains import prior_states
-from probtransformer.inference.vectorized import VectorizedDensity
+from probtransformer.inference.mcmc.density import VectorizedDensity
+from probtransformer.inference.mcmc.starts import prior_states
 from probtransformer.models import SequenceClassifier
 
 RESULTS = Path(__file__).parents[1] / "results" / "many_chains.md"

@@ -29,8 +29,8 @@ import torch
 
 from probtransformer.datasets import load
 from probtransformer.inference import fit_svi
-from probtransformer.inference._arviz import pareto_khat
-from probtransformer.inference.guide_checks import (
+from probtransformer.inference.diagnostics._arviz import pareto_khat
+from probtransformer.inference.diagnostics.guide_checks import (
     elbo_change_per_obs,
     elbo_noise_per_obs,
     guide_scale_ratio,

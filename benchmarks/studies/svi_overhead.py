@@ -4,7 +4,7 @@ The contenders train on mini-batches of the same size, in one process:
 
 - ``svi``: one ``svi_step`` of an ``svi_init(guide="normal")`` state, the very step that
   ``fit_svi`` loops over: the next mini-batch of the training set, the mean-field ELBO
-  (``inference.elbo.MeanFieldELBO``) of the model and an ``AutoNormal`` guide
+  (``inference.vi.elbo.MeanFieldELBO``) of the model and an ``AutoNormal`` guide
   (``init_to_sample``, ``init_scale=1e-3``) in the fit's own param-store and RNG state, Pyro's
   validation on for the first evaluation only, the NaN guard, Adam and the learning-rate decay.
 - ``svi-pyro``: the same step with Pyro's own ``TraceMeanField_ELBO`` and validation on every

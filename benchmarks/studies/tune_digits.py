@@ -20,7 +20,7 @@ import torch
 from probtransformer import priors
 from probtransformer.datasets import load
 from probtransformer.inference import fit_svi
-from probtransformer.inference.guide_checks import elbo_change_per_obs
+from probtransformer.inference.diagnostics.guide_checks import elbo_change_per_obs
 from probtransformer.metrics import classification_report
 from probtransformer.models import SequenceClassifier
 

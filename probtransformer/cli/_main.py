@@ -50,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CLIError, ValueError, TypeError, OSError) as e:
         return _fail(e, 2)
     except FloatingPointError as e:  # NonFiniteELBOError: the fit diverged
-        from probtransformer.inference.elbo import NON_FINITE_ADVICE
+        from probtransformer.inference.vi.elbo import NON_FINITE_ADVICE
 
         # the library's advice names fit_svi's parameters; the CLI has only --lr of them
         return _fail(FloatingPointError(str(e).replace(NON_FINITE_ADVICE, "try a lower --lr")), 1)

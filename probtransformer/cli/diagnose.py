@@ -13,7 +13,7 @@ def run(args: argparse.Namespace) -> None:
     """Print ``Posterior.diagnose`` on the training rows the run's log-likelihood covers; for a
     forecasting run, the verdict adds the test-split interval coverage of its metrics.json
     (``tasks.forecasting.interval_lines``)."""
-    from probtransformer.inference.diagnostics import format_table
+    from probtransformer.inference.diagnostics.summary import format_table
     from probtransformer.tasks.forecasting import interval_lines
 
     fitted = read_run(args.run_dir)

@@ -266,12 +266,12 @@ def _run(
 def _collapse_line(post, seed: int) -> str | None:
     """``guide_checks.collapse_line`` of an SVI fit whose guide has kept no spread (its
     epistemic figures then mean nothing); None for other fits and for a guide with spread."""
-    from probtransformer.inference.diagnostics import _flag
-    from probtransformer.inference.guide_checks import (
+    from probtransformer.inference.diagnostics.guide_checks import (
         SCALE_RATIO_MIN,
         collapse_line,
         guide_scale_ratio,
     )
+    from probtransformer.inference.diagnostics.summary import _flag
 
     if post.guide is None or post.is_point_estimate or post.mc_dropout:
         return None
@@ -372,7 +372,7 @@ def _fit_svi(
     """svi: ``fit_svi``; map, mc-dropout, ensemble: their ``MAP_FITS`` function (fit_svi's
     settings without ``guide``; ensemble: ``n_members`` too)."""
     from probtransformer import inference
-    from probtransformer.inference.engine import dropout_modules
+    from probtransformer.inference.posterior.prediction import dropout_modules
 
     if args.inference == "mc-dropout" and not dropout_modules(model):
         raise CLIError(

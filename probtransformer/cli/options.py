@@ -18,7 +18,7 @@ INFERENCE_GUIDES = {
 }  # fmt: skip
 #: fit_svi settings: every inference method but mcmc
 SVI_OPTIONS = ("guide", "num_steps", "batch_size", "lr", "lr_decay", "lr_warmup", "lr_schedule")
-#: ``fit_svi``'s learning-rate schedules (``inference.schedule.LR_SCHEDULES``; named here so
+#: ``fit_svi``'s learning-rate schedules (``inference.vi.schedule.LR_SCHEDULES``; named here so
 #: ``--help`` imports no torch).
 LR_SCHEDULES = ("exponential", "cosine")
 CHECKPOINT_OPTIONS = ("checkpoint_every", "checkpoint_dir", "resume_from")  # svi and map only
@@ -28,19 +28,19 @@ ENSEMBLE_OPTIONS = ("n_members",)  # fit_ensemble settings: ensemble and mile
 MILE_OPTIONS = ("chains_per_member", "thinning")
 #: The MCMC options that --inference mile takes too (for the sampling around each member)
 MILE_MCMC_OPTIONS = ("kernel", "num_warmup", "num_draws", "compile", "temperature")
-#: The kernels fit_mile runs (``inference.mile.MILE_KERNELS``)
+#: The kernels fit_mile runs (``inference.mcmc.mile.MILE_KERNELS``)
 MILE_KERNELS = ("mclmc", "chees")
 #: The inference methods that ``torchrun`` runs data-parallel: those built on ``fit_svi`` (and
 #: mcmc with a many-chain kernel, its chains sharded).
 DISTRIBUTED_INFERENCE = ("svi", "map", "mc-dropout")
-#: The MAP-based fits of ``probtransformer.inference.baselines``, by --inference.
+#: The MAP-based fits of ``probtransformer.inference.ensembles.baselines``, by --inference.
 MAP_FITS = {"map": "fit_map", "mc-dropout": "fit_mc_dropout", "ensemble": "fit_ensemble"}
-#: ``fit_mcmc``'s kernels (``inference.mcmc_settings.KERNELS``; named here so ``--help``
+#: ``fit_mcmc``'s kernels (``inference.mcmc.settings.KERNELS``; named here so ``--help``
 #: imports no torch).
 KERNELS = ("nuts", "hmc", "chees", "mclmc")
 #: The kernels that run K chains together through the model's draw dim.
 MANY_CHAIN_KERNELS = ("chees", "mclmc")
-#: ``fit_mcmc(init=...)``: where the many-chain kernels start (``inference.many_chains.INITS``).
+#: ``fit_mcmc(init=...)``: where the many-chain kernels start (``inference.mcmc.starts.INITS``).
 INITS = ("prior", "map", "ensemble")
 MCMC_OPTIONS = (  # fit_mcmc settings: mcmc only
     "kernel",
@@ -58,7 +58,7 @@ MCMC_OPTIONS = (  # fit_mcmc settings: mcmc only
     "map_steps",
 )
 #: The MCMC options that apply to some kernels only: the kernels they apply to (as
-#: ``inference.mcmc_settings.KERNEL_SETTINGS``; named here so ``--help`` imports no torch).
+#: ``inference.mcmc.settings.KERNEL_SETTINGS``; named here so ``--help`` imports no torch).
 KERNEL_OPTIONS = {
     "num_starts": MANY_CHAIN_KERNELS,
     "init": MANY_CHAIN_KERNELS,

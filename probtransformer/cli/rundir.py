@@ -82,7 +82,7 @@ def read_run(run_dir: str | Path, *, device: str = "cpu") -> Run:
             or ``device`` is CUDA where none is available.
     """
     from probtransformer.inference import load_posterior
-    from probtransformer.inference.serialization import META_FILE
+    from probtransformer.inference.posterior.saving import META_FILE
 
     run_dir = Path(run_dir)
     if not run_dir.exists():
@@ -123,7 +123,7 @@ def run_data(record: dict, run_dir: str | Path):
             outside the training split.
     """
     from probtransformer import datasets
-    from probtransformer.inference.serialization import META_FILE
+    from probtransformer.inference.posterior.saving import META_FILE
 
     metrics_file = Path(run_dir) / METRICS_FILE
     if not metrics_file.is_file():  # a saved posterior (OUT.posterior): its record
@@ -348,7 +348,7 @@ def write_diagnostics(path: Path, post, train, draws: dict, idata=None) -> None:
 def _diagnose_defaults(post, draws: dict) -> bool:
     """True when ``draws`` are the draws ``Posterior.diagnose`` takes by default: seed
     ``DIAGNOSTICS_SEED`` and every kept draw (sample-based) or ``DEFAULT_NUM_SAMPLES`` (SVI)."""
-    from probtransformer.inference.draws import DEFAULT_NUM_SAMPLES
+    from probtransformer.inference.posterior.draws import DEFAULT_NUM_SAMPLES
 
     every = DEFAULT_NUM_SAMPLES
     if post.samples is not None:

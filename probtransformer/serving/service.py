@@ -19,7 +19,7 @@ import torch
 
 from probtransformer.cli.rundir import DIAGNOSTICS_FILE, Run
 from probtransformer.inference.inputs import out_of_range_message
-from probtransformer.inference.prediction import Prediction
+from probtransformer.inference.posterior.results import Prediction
 from probtransformer.serving.batcher import Abandoned
 from probtransformer.tasks._base import table_scaling, training_range
 from probtransformer.validation import int_text

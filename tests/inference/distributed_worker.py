@@ -26,8 +26,8 @@ from probtransformer.inference import (
     svi_init,
     svi_step,
 )
-from probtransformer.inference import svi as svi_module
 from probtransformer.inference.distributed import init_from_environment
+from probtransformer.inference.vi import svi as svi_module
 from probtransformer.models import CausalLM, SequenceClassifier
 
 N = 48

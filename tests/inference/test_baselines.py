@@ -1,4 +1,5 @@
-"""MAP, MC dropout and deep ensembles behind the ``Posterior`` API (``inference.baselines``).
+"""MAP, MC dropout and deep ensembles behind the ``Posterior`` API
+(``inference.ensembles.baselines``).
 
 Tiny fits: a d_model-8 classifier with dropout 0.1 on 48 digits, 60 full-batch steps (< 1 s).
 """
@@ -19,8 +20,8 @@ from probtransformer.inference import (
     fit_svi,
     load_posterior,
 )
-from probtransformer.inference._arviz import az
-from probtransformer.inference.engine import PredictionEngine
+from probtransformer.inference.diagnostics._arviz import az
+from probtransformer.inference.posterior.prediction import PredictionEngine
 from probtransformer.models import SequenceClassifier
 
 FIT = dict(num_steps=60, batch_size=48, lr=1e-2, progress=False)

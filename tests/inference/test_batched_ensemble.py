@@ -1,5 +1,5 @@
 """The batched deep ensemble: M MAP fits as one optimisation through the draw dim
-(``inference.batched_ensemble``, ``fit_ensemble(batched=...)``)."""
+(``inference.ensembles.batched``, ``fit_ensemble(batched=...)``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pyro.nn import PyroModule, PyroSample
 
 from probtransformer.datasets import SequenceData
 from probtransformer.inference import fit_ensemble, load_posterior
-from probtransformer.inference.batched_ensemble import MembersDoNotVectorize
+from probtransformer.inference.ensembles.batched import MembersDoNotVectorize
 from probtransformer.models import SequenceClassifier
 
 MEMBERS = 3

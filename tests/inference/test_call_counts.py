@@ -7,7 +7,7 @@ import torch
 from probtransformer.cli import main
 from probtransformer.datasets import SequenceData
 from probtransformer.inference import fit_svi, inputs
-from probtransformer.inference.draws import GuideDraws
+from probtransformer.inference.posterior.draws import GuideDraws
 from probtransformer.models import SequenceClassifier
 
 TINY = ["--num-train", "60", "--num-steps", "5", "--d-model", "8", "--num-heads", "2"]

@@ -9,7 +9,7 @@ import torch
 
 from probtransformer.datasets import SequenceData
 from probtransformer.inference import NonFiniteELBOError, fit_svi
-from probtransformer.inference.checkpoint import CHECKPOINT_VERSION
+from probtransformer.inference.vi.checkpoint import CHECKPOINT_VERSION
 from probtransformer.models import SequenceClassifier
 
 TINY = dict(d_model=8, num_heads=2, num_layers=1, d_ff=8)

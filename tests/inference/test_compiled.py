@@ -1,4 +1,4 @@
-"""The compiled K-chain log density (``inference.compiled``) against the eager Pyro trace.
+"""The compiled K-chain log density (``inference.mcmc.compiled``) against the eager Pyro trace.
 
 Equality is checked on every built-in model (masks, token inputs, horizons, the decoder's
 cross-attention), a model with local latents, per-chain plain parameters, mini-batches and a
@@ -22,10 +22,11 @@ from pyro.nn import PyroModule, PyroSample
 
 from probtransformer.block import BAYESIAN_PARTS
 from probtransformer.datasets import SequenceData
-from probtransformer.inference import compiled, fit_mcmc
-from probtransformer.inference.compiled import CompiledPass, attach, compilable
-from probtransformer.inference.many_chains import prior_states
-from probtransformer.inference.vectorized import VectorizedDensity
+from probtransformer.inference import fit_mcmc
+from probtransformer.inference.mcmc import compiled
+from probtransformer.inference.mcmc.compiled import CompiledPass, attach, compilable
+from probtransformer.inference.mcmc.density import VectorizedDensity
+from probtransformer.inference.mcmc.starts import prior_states
 from probtransformer.models import (
     BayesianLinearRegression,
     CausalLM,

@@ -32,7 +32,7 @@ from pyro.nn import PyroModule, PyroSample
 
 from probtransformer.datasets import SequenceData
 from probtransformer.inference import fit_mcmc, fit_svi
-from probtransformer.inference._arviz import az, pareto_khat
+from probtransformer.inference.diagnostics._arviz import az, pareto_khat
 from probtransformer.models import BayesianLinearRegression
 
 #: Standard errors allowed per check.

@@ -21,7 +21,7 @@ import torch
 
 from probtransformer.cli import main
 from probtransformer.inference import fit_svi
-from probtransformer.inference.checkpoint import load_checkpoint
+from probtransformer.inference.vi.checkpoint import load_checkpoint
 
 sys.path.insert(0, str(Path(__file__).parent))
 import distributed_worker as worker  # noqa: E402

@@ -7,8 +7,8 @@ import torch
 from pyro.infer import TraceMeanField_ELBO
 
 from probtransformer.inference._runtime import pyro_scope
-from probtransformer.inference.elbo import MeanFieldELBO
-from probtransformer.inference.guides import build_guide
+from probtransformer.inference.vi.elbo import MeanFieldELBO
+from probtransformer.inference.vi.guides import build_guide
 from probtransformer.models import SequenceClassifier, SequenceRegressor
 
 

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 
 from probtransformer.inference import fit_svi
-from probtransformer.inference.diagnostics import _flag, diagnose
-from probtransformer.inference.guide_checks import (
+from probtransformer.inference.diagnostics.guide_checks import (
     SCALE_RATIO_MIN,
     elbo_change_per_obs,
     elbo_line,
     elbo_noise_per_obs,
     guide_scale_ratio,
 )
+from probtransformer.inference.diagnostics.summary import _flag, diagnose
 from probtransformer.models import SequenceClassifier
 
 N = 1000  # observations the traces below are scaled to

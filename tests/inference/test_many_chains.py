@@ -22,17 +22,13 @@ from pyro.nn import PyroModule, PyroSample
 
 from probtransformer.block import BAYESIAN_PARTS
 from probtransformer.datasets import SequenceData
-from probtransformer.inference import (
-    Posterior,
-    fit_mcmc,
-    load_posterior,
-    many_chains,
-    mclmc,
-    metric,
-    samplers,
-)
-from probtransformer.inference.samplers import ChainRNG
-from probtransformer.inference.vectorized import VectorizedDensity
+from probtransformer.inference import Posterior, fit_mcmc, load_posterior
+from probtransformer.inference.mcmc import adaptation as metric
+from probtransformer.inference.mcmc import chees as samplers
+from probtransformer.inference.mcmc import mclmc
+from probtransformer.inference.mcmc import starts as many_chains
+from probtransformer.inference.mcmc.chees import ChainRNG
+from probtransformer.inference.mcmc.density import VectorizedDensity
 from probtransformer.models import BayesianLinearRegression, SequenceClassifier
 from tests.inference.test_correctness import (
     REFERENCE,

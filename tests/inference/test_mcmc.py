@@ -14,9 +14,9 @@ from pyro.nn import PyroModule, PyroSample
 
 from probtransformer.datasets import SequenceData
 from probtransformer.inference import fit_mcmc, fit_svi, load_posterior
-from probtransformer.inference._arviz import az
 from probtransformer.inference._runtime import reinitialised_copy
-from probtransformer.inference.pyro_kernels import SAMPLE_STATS, RecordingNUTS
+from probtransformer.inference.diagnostics._arviz import az
+from probtransformer.inference.mcmc.pyro_runner import SAMPLE_STATS, RecordingNUTS
 from probtransformer.models import BayesianLinearRegression, SequenceClassifier
 
 FAST = dict(num_warmup=100, num_samples=100, progress=False)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from probtransformer.inference.engine import (
+from probtransformer.inference.posterior.prediction import (
     DEFAULT_MEMORY_BUDGET,
     PredictionEngine,
     activation_bytes,

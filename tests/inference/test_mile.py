@@ -11,7 +11,9 @@ import torch
 
 from probtransformer.datasets import SequenceData
 from probtransformer.inference import fit_ensemble, fit_mcmc, fit_mile
-from probtransformer.inference.mclmc import (
+from probtransformer.inference.mcmc.chees import ChainRNG
+from probtransformer.inference.mcmc.density import VectorizedDensity
+from probtransformer.inference.mcmc.mclmc import (
     BACKOFF,
     BLACKJAX_TUNING,
     MCLMC,
@@ -19,8 +21,6 @@ from probtransformer.inference.mclmc import (
     Tuning,
     _StepSizeAdaptation,
 )
-from probtransformer.inference.samplers import ChainRNG
-from probtransformer.inference.vectorized import VectorizedDensity
 from probtransformer.models import BayesianLinearRegression, SequenceClassifier
 from tests.inference.test_correctness import REFERENCE, AutoRegressive, assert_matches_reference
 from tests.inference.test_local_latents import SIGMA, EightSchools, Y
@@ -209,7 +209,7 @@ def test_each_chain_starts_at_its_member_and_keeps_its_point_estimates(ensemble,
 
 
 def test_an_ensemble_given_is_not_fitted_again(digits_rows, ensemble, monkeypatch):
-    from probtransformer.inference import mile as module
+    from probtransformer.inference.mcmc import mile as module
 
     monkeypatch.setattr(module, "fit_ensemble", lambda *a, **k: pytest.fail("fitted again"))
     fit_mile(
@@ -294,8 +294,8 @@ def test_diagnose_judges_each_member_and_reports_the_spread_between_them(digits_
 def test_an_mclmc_step_with_an_energy_error_over_1000_nats_is_divergent():
     """Unadjusted, MCLMC keeps every step; one whose energy error passes Stan's 1000-nat
     threshold (or is not finite) is flagged in ``diverging`` for its chain."""
-    from probtransformer.inference.chain_sampling import KernelSettings, _mclmc_draws
-    from probtransformer.inference.samplers import ChainState
+    from probtransformer.inference.mcmc.chees import ChainState
+    from probtransformer.inference.mcmc.many_chain_runner import KernelSettings, _mclmc_draws
 
     errors = iter([torch.tensor([0.5, 2e3, 0.1]), torch.tensor([0.5, 1.0, torch.nan])])
 

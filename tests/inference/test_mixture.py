@@ -9,8 +9,8 @@ from scipy import stats
 
 from probtransformer import metrics
 from probtransformer.inference import RegressionPrediction
-from probtransformer.inference.mixture import mixture_quantile
-from probtransformer.inference.prediction import min_sample_draws
+from probtransformer.inference.posterior.mixture import mixture_quantile
+from probtransformer.inference.posterior.results import min_sample_draws
 
 
 @pytest.mark.parametrize("df", [math.inf, 4.0])

@@ -155,7 +155,7 @@ DRAW_DIM_WORDS = r"'y' has batch shape \(2, 2, 3\).*expected batch shape \(2, 3\
 
 def test_a_latent_broadcast_against_the_draw_dim_is_refused_before_any_step(data):
     with mock.patch(
-        "probtransformer.inference.svi_state.reinitialised_copy", side_effect=AssertionError("fit")
+        "probtransformer.inference.vi.state.reinitialised_copy", side_effect=AssertionError("fit")
     ):
         with pytest.raises(ValueError, match=DRAW_DIM_WORDS):
             fit_svi(BroadcastAgainstDraws(), data, **QUICK)

@@ -1,4 +1,5 @@
-"""Per-mode diagnostics (``inference.modes``): chains from different ensemble members judged one
+"""Per-mode diagnostics (``inference.diagnostics.modes``): chains from different ensemble members
+judged one
 member at a time, with the spread between members reported apart. Known answers: modes that
 converged apart (nested R-hat far above 1, each mode at R-hat 1), a mode whose chains disagree,
 a single chain that drifts, members whose predictions are known."""
@@ -12,10 +13,10 @@ import pytest
 import torch
 
 from probtransformer.datasets import SequenceData
-from probtransformer.inference import modes
-from probtransformer.inference._arviz import az, rhat_nested
-from probtransformer.inference.diagnostics import _flag
-from probtransformer.inference.prediction import Prediction
+from probtransformer.inference.diagnostics import modes
+from probtransformer.inference.diagnostics._arviz import az, rhat_nested
+from probtransformer.inference.diagnostics.summary import _flag
+from probtransformer.inference.posterior.results import Prediction
 
 DRAWS = 2000
 

@@ -16,8 +16,8 @@ from arviz_stats.base import array_stats
 
 from probtransformer.datasets import SequenceData
 from probtransformer.inference import Posterior, diagnostics
-from probtransformer.inference._arviz import az, ess, rhat, rhat_nested
-from probtransformer.inference.diagnostics import (
+from probtransformer.inference.diagnostics._arviz import az, ess, rhat, rhat_nested
+from probtransformer.inference.diagnostics.summary import (
     MANY_CHAINS,
     NESTED_RHAT_MAX,
     POOLED_ESS_MIN,

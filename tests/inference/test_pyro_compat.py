@@ -17,7 +17,7 @@ from pyro.infer.mcmc import nuts as nuts_module
 from pyro.nn import PyroModule, PyroSample
 
 from probtransformer.inference import _pyro_compat as compat
-from probtransformer.inference.pyro_kernels import RecordingHMC, RecordingNUTS
+from probtransformer.inference.mcmc.pyro_runner import RecordingHMC, RecordingNUTS
 
 RECHECK = "re-check probtransformer/inference/_pyro_compat.py against this Pyro release"
 

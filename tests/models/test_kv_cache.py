@@ -12,7 +12,7 @@ import torch
 from probtransformer import kv_cache, priors
 from probtransformer.datasets import SequenceData
 from probtransformer.inference import Posterior, fit_ensemble, fit_mc_dropout, fit_svi
-from probtransformer.inference.decoding import NextTokenDecoder
+from probtransformer.inference.posterior.decoding import NextTokenDecoder
 from probtransformer.models import CausalLM, Generation, generate, generate_stream
 
 T, V = 10, 6  # max_len, vocabulary

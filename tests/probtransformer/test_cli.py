@@ -32,12 +32,12 @@ from probtransformer.inference import (
     fit_mcmc,
     fit_svi,
     load_posterior,
-    many_chains,
 )
-from probtransformer.inference import mcmc as mcmc_module
-from probtransformer.inference._arviz import az
-from probtransformer.inference.pyro_kernels import RecordingNUTS
-from probtransformer.inference.samplers import CHEES_TARGET_ACCEPT
+from probtransformer.inference.diagnostics._arviz import az
+from probtransformer.inference.mcmc import driver as mcmc_module
+from probtransformer.inference.mcmc import starts as many_chains
+from probtransformer.inference.mcmc.chees import CHEES_TARGET_ACCEPT
+from probtransformer.inference.mcmc.pyro_runner import RecordingNUTS
 from probtransformer.models import SequenceClassifier
 from probtransformer.models._config import usable_memory
 from probtransformer.tasks.tagging import TaggingTask
@@ -401,13 +401,13 @@ def test_token_models_run_nuts_uncompiled_unless_told(given, jit):
 
 
 def test_cli_kernel_and_schedule_names_are_the_library_ones():
-    from probtransformer.inference import schedule
+    from probtransformer.inference.vi import schedule
 
     assert options.LR_SCHEDULES == schedule.LR_SCHEDULES
     assert options.KERNELS == mcmc_module.KERNELS
     assert options.MANY_CHAIN_KERNELS == mcmc_module.MANY_CHAIN_KERNELS
     assert options.INITS == many_chains.INITS
-    from probtransformer.inference.mcmc_settings import KERNEL_SETTINGS
+    from probtransformer.inference.mcmc.settings import KERNEL_SETTINGS
 
     for name in set(options.KERNEL_OPTIONS) & set(KERNEL_SETTINGS):  # the same kernels read them
         assert options.KERNEL_OPTIONS[name] == KERNEL_SETTINGS[name], name
@@ -1030,7 +1030,7 @@ def test_a_diverged_fit_keeps_its_last_finite_state(tmp_path, monkeypatch, capsy
 
 def test_failed_fit_writes_nothing(tmp_path, monkeypatch, capsys, one_error_line):
     def diverge(*args, **kwargs):
-        from probtransformer.inference.elbo import NON_FINITE_ADVICE
+        from probtransformer.inference.vi.elbo import NON_FINITE_ADVICE
 
         message = f"ELBO became non-finite at step 3; {NON_FINITE_ADVICE}"
         raise NonFiniteELBOError(message, step=3, site=None)

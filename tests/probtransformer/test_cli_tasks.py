@@ -23,7 +23,7 @@ from probtransformer import datasets, metrics
 from probtransformer.block import BAYESIAN_PARTS
 from probtransformer.cli import main
 from probtransformer.inference import load_posterior
-from probtransformer.inference._arviz import az
+from probtransformer.inference.diagnostics._arviz import az
 from probtransformer.report import TASK_SECTIONS
 
 TINY = [

@@ -22,7 +22,7 @@ from sklearn.utils.estimator_checks import (
 )
 
 from probtransformer.inference import Posterior
-from probtransformer.inference.guide_checks import SCALE_RATIO_MIN, guide_scale_ratio
+from probtransformer.inference.diagnostics.guide_checks import SCALE_RATIO_MIN, guide_scale_ratio
 from probtransformer.sklearn import (
     EXPECTED_FAILED_CHECKS,
     INFERENCES,

@@ -12,9 +12,10 @@ from pyro import poutine
 from probtransformer import priors
 from probtransformer.attention import LOCAL_LATENT, BayesMultiheadAttention, amortized, data_plate
 from probtransformer.datasets import SequenceData
-from probtransformer.inference import fit_mcmc, fit_svi, load_posterior, pyro_kernels
-from probtransformer.inference import mcmc as mcmc_module
-from probtransformer.inference.guides import AmortizedGuide, has_local_latents
+from probtransformer.inference import fit_mcmc, fit_svi, load_posterior
+from probtransformer.inference.mcmc import driver as mcmc_module
+from probtransformer.inference.mcmc import pyro_runner as pyro_kernels
+from probtransformer.inference.vi.guides import AmortizedGuide, has_local_latents
 from probtransformer.models import SequenceClassifier
 
 T, F = 5, 2

@@ -1,0 +1,1 @@
+"""Diagnostics: the summary and verdict, per-mode checks, InferenceData, heads."""

@@ -1,0 +1,1 @@
+"""Point estimates and ensembles: MAP, MC dropout, deep ensembles (batched)."""

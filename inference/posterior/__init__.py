@@ -1,0 +1,1 @@
+"""Posterior and its draws: the prediction engine, results, save and load."""

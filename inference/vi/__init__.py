@@ -1,0 +1,1 @@
+"""Variational inference: SVI on Pyro's autoguides, its state, ELBO and checkpoints."""

@@ -25,7 +25,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from probtransformer.inference.mcmc.adaptation import (
@@ -35,6 +34,12 @@ from probtransformer.inference.mcmc.adaptation import (
     regularized_variance,
     warmup_windows,
 )
+from probtransformer.inference.mcmc.kernel import (
+    MAX_ENERGY_ERROR,
+    ChainRNG,
+    ChainState,
+    halton,
+)
 
 #: The ChEES target of the harmonic-mean acceptance probability (Beskos et al. 2013's optimum,
 #: BlackJAX's default).
@@ -43,50 +48,6 @@ CHEES_TARGET_ACCEPT = 0.651
 #: Chains whose mean acceptance probability over a mass-matrix window is below this are left
 #: out of its variance (they are stuck, not exploring).
 MOVING_ACCEPTANCE = 0.05
-
-#: An energy error above this many nats is a divergent transition (Stan, Pyro).
-MAX_ENERGY_ERROR = 1000.0
-
-
-class ChainRNG:
-    """Independent random streams, one ``torch.Generator`` per chain.
-
-    Chain ``k``'s stream is seeded from ``numpy.random.SeedSequence(seed, spawn_key=(k,))``,
-    so a chain's numbers do not depend on how many chains run beside it (or on which device
-    shard runs it).
-    """
-
-    def __init__(self, seed: int, chains: int, device: torch.device) -> None:
-        self.device = device
-        self.generators = []
-        for k in range(chains):
-            state = np.random.SeedSequence(seed, spawn_key=(k,)).generate_state(1, np.uint64)[0]
-            generator = torch.Generator(device=device)
-            generator.manual_seed(int(state) % 2**63)
-            self.generators.append(generator)
-
-    def normal(self, dim: int, dtype=torch.float32) -> torch.Tensor:
-        """``(K, dim)`` standard normal draws, row ``k`` from chain ``k``'s stream."""
-        device = self.device
-        return torch.stack(
-            [torch.randn(dim, generator=g, device=device, dtype=dtype) for g in self.generators]
-        )
-
-    def uniform(self, dtype=torch.float32) -> torch.Tensor:
-        """``(K,)`` uniform draws in [0, 1)."""
-        return torch.cat(
-            [torch.rand(1, generator=g, device=self.device, dtype=dtype) for g in self.generators]
-        )
-
-
-def halton(index: int, base: int = 2) -> float:
-    """The ``index``-th (>= 1) element of the van der Corput (1-D Halton) sequence in (0, 1)."""
-    result, f = 0.0, 1.0
-    while index > 0:
-        f /= base
-        result += f * (index % base)
-        index //= base
-    return result
 
 
 @dataclass
@@ -123,16 +84,6 @@ class Transition:
     energy: torch.Tensor
     n_steps: torch.Tensor
     step_size: torch.Tensor
-
-
-@dataclass
-class ChainState:
-    """Positions ``z`` ``(K, D)`` in the unconstrained space, their log densities ``lp`` ``(K,)``
-    and gradients ``grad`` ``(K, D)``."""
-
-    z: torch.Tensor
-    lp: torch.Tensor
-    grad: torch.Tensor
 
 
 class ChEES:
@@ -447,4 +398,4 @@ def _harmonic_mean(accept: torch.Tensor, diverging: torch.Tensor) -> float:
     return float(1.0 / (1.0 / kept.clamp_min(1e-10)).mean())
 
 
-__all__ = ["CHEES_TARGET_ACCEPT", "ChEES", "ChainRNG", "ChainState", "Transition"]
+__all__ = ["CHEES_TARGET_ACCEPT", "ChEES", "Transition"]

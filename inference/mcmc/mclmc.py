@@ -7,7 +7,7 @@ tuning, a step that gives NaN rejected and the step size capped below it). It is
 **unadjusted**: no accept/reject, so its draws carry a step-size bias (see ``MCLMC``).
 
 Its K chains are advanced together, each step one vectorized gradient of K chains, with the
-random numbers of ``samplers.ChainRNG``. Chains may form groups (``groups``: the chains of one
+random numbers of ``kernel.ChainRNG``. Chains may form groups (``groups``: the chains of one
 ensemble member, a mode of their own) tuned apart: each group has its own step size, L and
 preconditioner, and its statistics are pooled over its chains only.
 """
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from probtransformer.inference.mcmc.chees import ChainRNG, ChainState
+from probtransformer.inference.mcmc.kernel import ChainRNG, ChainState
 
 #: The most coordinates whose ESS sets L (BlackJAX's ``fft_params_limit``): evenly spaced ones
 #: of a larger state.

@@ -27,8 +27,8 @@ from probtransformer.inference.mcmc import adaptation as metric
 from probtransformer.inference.mcmc import chees as samplers
 from probtransformer.inference.mcmc import mclmc
 from probtransformer.inference.mcmc import starts as many_chains
-from probtransformer.inference.mcmc.chees import ChainRNG
 from probtransformer.inference.mcmc.density import VectorizedDensity
+from probtransformer.inference.mcmc.kernel import ChainRNG
 from probtransformer.models import BayesianLinearRegression, SequenceClassifier
 from tests.inference.test_correctness import (
     REFERENCE,

@@ -11,8 +11,8 @@ import torch
 
 from probtransformer.datasets import SequenceData
 from probtransformer.inference import fit_ensemble, fit_mcmc, fit_mile
-from probtransformer.inference.mcmc.chees import ChainRNG
 from probtransformer.inference.mcmc.density import VectorizedDensity
+from probtransformer.inference.mcmc.kernel import ChainRNG
 from probtransformer.inference.mcmc.mclmc import (
     BACKOFF,
     BLACKJAX_TUNING,
@@ -294,7 +294,7 @@ def test_diagnose_judges_each_member_and_reports_the_spread_between_them(digits_
 def test_an_mclmc_step_with_an_energy_error_over_1000_nats_is_divergent():
     """Unadjusted, MCLMC keeps every step; one whose energy error passes Stan's 1000-nat
     threshold (or is not finite) is flagged in ``diverging`` for its chain."""
-    from probtransformer.inference.mcmc.chees import ChainState
+    from probtransformer.inference.mcmc.kernel import ChainState
     from probtransformer.inference.mcmc.many_chain_runner import KernelSettings, _mclmc_draws
 
     errors = iter([torch.tensor([0.5, 2e3, 0.1]), torch.tensor([0.5, 1.0, torch.nan])])

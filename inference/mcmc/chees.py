@@ -1,15 +1,16 @@
 """Many-chain kernels: K chains advanced together, each step one vectorized gradient of K chains.
 
-- ``ChEES``: ChEES-HMC (Hoffman, Radul & Sountsov, "An Adaptive-MCMC Scheme for Setting
+- ``ChEES`` (the settings, ``fit_mcmc(kernel=ChEES(...))``) and ``ChEESSampler`` (one run):
+  ChEES-HMC (Hoffman, Radul & Sountsov, "An Adaptive-MCMC Scheme for Setting
   Trajectory Lengths in Hamiltonian Monte Carlo", AISTATS 2021): HMC with a jittered trajectory
   length shared by the chains, Metropolis-adjusted per chain (exact). Warm-up adapts the step
   size by dual averaging (Hoffman & Gelman 2014) on the harmonic mean of the chains'
   acceptance probabilities, the trajectory length by Adam on the ChEES criterion, and a
   diagonal (or dense) mass matrix from the moments pooled over chains and window draws (Stan's
-  windows; ``inference.mcmc.adaptation``). Both use moments within superchains (chains sharing a
-  start): chains from different MAP starts sit in different modes, and centring them on one
+  windows; ``inference.mcmc.adaptation``). Both use moments within start groups (chains sharing
+  a start): chains from different MAP starts sit in different modes, and centring them on one
   mean measures the distance between the modes, not the posterior's scale around each. With
-  ``per_superchain`` every superchain adapts its own step size, trajectory length and mass
+  ``per_start`` every start's chains adapt their own step size, trajectory length and mass
   matrix, as each ensemble member's chains do in MILE (Sommer et al. 2025).
   References: BlackJAX ``chees_adaptation``, TFP ``GradientBasedTrajectoryLengthAdaptation``.
 - ``MCLMC`` (``inference.mcmc.mclmc``), the unadjusted microcanonical kernel, shares ``ChainRNG``
@@ -23,8 +24,11 @@ chains, as in BlackJAX. Cross-chain statistics (adaptation) are reduced in chain
 from __future__ import annotations
 
 import math
+from collections.abc import Generator
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
 from probtransformer.inference.mcmc.adaptation import (
@@ -38,6 +42,13 @@ from probtransformer.inference.mcmc.kernel import (
     MAX_ENERGY_ERROR,
     ChainRNG,
     ChainState,
+    Flag,
+    LogDensity,
+    ManyChainKernel,
+    ManyChainSampler,
+    check_flag,
+    check_positive,
+    check_probability,
     halton,
 )
 
@@ -48,6 +59,73 @@ CHEES_TARGET_ACCEPT = 0.651
 #: Chains whose mean acceptance probability over a mass-matrix window is below this are left
 #: out of its variance (they are stuck, not exploring).
 MOVING_ACCEPTANCE = 0.05
+
+#: A chain whose mean acceptance probability over the kept draws is below this is stuck
+#: (``diagnose``).
+STUCK_ACCEPTANCE = 0.05
+
+
+@dataclass(frozen=True)
+class ChEES(ManyChainKernel):
+    """ChEES-HMC's settings (see the module docstring), ``fit_mcmc(kernel=ChEES(...))``.
+
+    Attributes:
+        target_accept_prob: target of the chains' harmonic-mean acceptance in (0, 1).
+        step_size: initial step size (> 0; searched by doubling/halving, then dual averaging).
+        trajectory_length: initial trajectory length (> 0; None: 10 of the searched steps).
+        full_mass: adapt a dense mass matrix (at most ``adaptation.MAX_DENSE_DIM`` scalars).
+        temperature, compile: ``ManyChainKernel``'s.
+
+    Raises:
+        TypeError/ValueError: on construction, naming the setting and what arrived.
+    """
+
+    name: ClassVar[str] = "chees"
+    #: The criterion centres each start's chains on their mean: two or more to tune apart.
+    min_chains_per_start: ClassVar[int] = 2
+
+    target_accept_prob: float = CHEES_TARGET_ACCEPT
+    step_size: float = 0.1
+    trajectory_length: float | None = None
+    full_mass: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_probability("target_accept_prob", self.target_accept_prob)
+        check_positive("step_size", self.step_size)
+        check_positive("trajectory_length", self.trajectory_length, none=True)
+        check_flag("full_mass", self.full_mass)
+
+    def sampler(
+        self, density: LogDensity, rng: ChainRNG, *, num_warmup: int, groups, per_start: bool
+    ) -> ChEESSampler:
+        return ChEESSampler(
+            density,
+            rng,
+            num_warmup,
+            step_size=self.step_size,
+            trajectory_length=self.trajectory_length,
+            target_accept_prob=self.target_accept_prob,
+            groups=groups,
+            dense=self.full_mass,
+            per_start=per_start,
+        )
+
+    @classmethod
+    def verdict_lines(cls, stats: Any, record: dict, flag: Flag) -> list[str]:
+        """Stuck chains: mean acceptance below ``STUCK_ACCEPTANCE``."""
+        if "acceptance_rate" not in stats:
+            return []
+        per_chain = stats["acceptance_rate"].mean("draw").values
+        stuck = [int(c) for c in np.flatnonzero(per_chain < STUCK_ACCEPTANCE)]
+        return [
+            flag(
+                bool(stuck),
+                f"stuck chains (mean acceptance < {STUCK_ACCEPTANCE}): {len(stuck)} of "
+                f"{len(per_chain)}"
+                + (f" (chains {stuck[:10]}): start them elsewhere (init=)" if stuck else ""),
+            )
+        ]
 
 
 @dataclass
@@ -86,7 +164,7 @@ class Transition:
     step_size: torch.Tensor
 
 
-class ChEES:
+class ChEESSampler(ManyChainSampler):
     """ChEES-HMC over K chains (see the module docstring).
 
     Args:
@@ -100,9 +178,9 @@ class ChEES:
         max_leapfrog_steps: most leapfrog steps per transition (BlackJAX's 1000).
         learning_rate: Adam's learning rate on ``log T`` (no momentum, squared-gradient
             average rate 0.5, as TFP's adaptation), each change clipped to ±0.35.
-        superchain: ``(K,)`` index of each chain's superchain (the chains that share a
-            start); the ChEES criterion and the mass matrix use moments within superchains
-            when each has two chains or more. None: all chains are one.
+        groups: ``(K,)`` index of each chain's start; the ChEES criterion and the mass matrix
+            use moments within start groups when each has two chains or more. None: all
+            chains are one.
         dense: adapt a dense mass matrix (``metric.regularized_covariance`` of each window's
             draws) instead of a diagonal one: for posteriors whose narrow directions are not
             along the axes (weight symmetries, a softmax head's shift), where a diagonal metric
@@ -110,17 +188,17 @@ class ChEES:
             ``metric.MAX_DENSE_DIM`` unconstrained scalars. A window with fewer than twice as
             many draws (chains x transitions) as scalars adapts the diagonal instead: its
             covariance would be rank-deficient and freeze the directions it missed.
-        per_superchain: each superchain adapts its own step size, trajectory length and mass
-            matrix from its own chains (at least two each); the superchains' trajectories run
+        per_start: each start's chains adapt their own step size, trajectory length and mass
+            matrix from their own chains (at least two each); the groups' trajectories run
             together, those with fewer leapfrog steps waiting for the longest. False: one
             adaptation for all chains.
 
     Raises:
         ValueError: ``dense`` for a density of more than ``metric.MAX_DENSE_DIM`` scalars (at
-            ``init``); ``per_superchain`` with a superchain of one chain.
+            ``init``); ``per_start`` with a start of one chain.
 
     Attributes:
-        step_size: ``(G,)`` float64, per superchain (one value without ``per_superchain``).
+        step_size: ``(G,)`` float64, per start (one value without ``per_start``).
         gradients: chain-gradients evaluated so far (leapfrog steps times chains).
     """
 
@@ -135,9 +213,9 @@ class ChEES:
         target_accept_prob: float = CHEES_TARGET_ACCEPT,
         max_leapfrog_steps: int = 1000,
         learning_rate: float = 0.05,
-        superchain: torch.Tensor | None = None,
+        groups: torch.Tensor | None = None,
         dense: bool = False,
-        per_superchain: bool = False,
+        per_start: bool = False,
     ) -> None:
         self.density = density
         self.rng = rng
@@ -147,20 +225,20 @@ class ChEES:
         self.target_accept_prob = target_accept_prob
         self.max_leapfrog_steps = max_leapfrog_steps
         self.learning_rate = learning_rate
-        if per_superchain and (superchain is None or int(torch.bincount(superchain).min()) < 2):
+        if per_start and (groups is None or int(torch.bincount(groups).min()) < 2):
             raise ValueError(
-                "per_superchain adaptation needs two or more chains in every superchain (the "
-                "ChEES criterion centres each on its superchain's mean)"
+                "per_start adaptation needs two or more chains from every start (the ChEES "
+                "criterion centres each start's chains on their mean)"
             )
-        if superchain is not None and int(torch.bincount(superchain).min()) < 2:
-            superchain = None  # a lone chain has no spread around its superchain's mean
-        self.superchain = superchain
-        self.per_superchain = per_superchain
+        if groups is not None and int(torch.bincount(groups).min()) < 2:
+            groups = None  # a lone chain has no spread around its start group's mean
+        self.starts = groups
+        self.per_start = per_start
         self.dense = dense
         self.t = 0
         self.gradients = 0
 
-    # -- groups: the superchains adapted apart (one group without per_superchain) ----------------
+    # -- groups: the starts adapted apart (one group without per_start) ------------------------
 
     def _chains(self, per_group: torch.Tensor, dtype) -> torch.Tensor:
         """``(K, 1)`` per-chain values of ``(G,)`` per-group ones."""
@@ -182,8 +260,8 @@ class ChEES:
         if self.dense:
             check_dense_dim(z.shape[1])
         chains = len(z)
-        if self.per_superchain:
-            self.groups = self.superchain
+        if self.per_start:
+            self.groups = self.starts
         else:
             self.groups = torch.zeros(chains, dtype=torch.long, device=z.device)
         self.num_groups = int(self.groups.max()) + 1
@@ -310,7 +388,7 @@ class ChEES:
         self.step_size = torch.exp(self._da.update(self.target_accept_prob - hm))
         # the trajectory length: Adam ascent of the ChEES criterion, acceptance-weighted
         ok = ~diverging & torch.isfinite(proposal.z).all(1) & torch.isfinite(velocity).all(1)
-        groups = None if self.superchain is None else self.superchain
+        groups = self.starts
         c0, c1 = centered(state.z, groups), centered(proposal.z, groups)
         T = torch.exp(self.log_T).to(self.groups.device)[self.groups].to(accept.dtype)
         per_chain = (c1.square().sum(1) - c0.square().sum(1)) * (c1 * velocity).sum(1)
@@ -333,7 +411,7 @@ class ChEES:
 
     def _adapt_mass(self, state: ChainState, accept: torch.Tensor) -> None:
         """Sum every chain's positions over the current window; at its end, set each group's
-        inverse mass matrix to the regularised variance within superchains, pooled over the
+        inverse mass matrix to the regularised variance within start groups, pooled over the
         group's chains that moved (mean acceptance >= ``MOVING_ACCEPTANCE``; all of them if
         fewer than two did), and restart the step-size adaptation. A stuck chain would add its
         distance from the others."""
@@ -360,7 +438,7 @@ class ChEES:
                 moving = rows & (accepted / n >= MOVING_ACCEPTANCE)
                 if moving.sum() < 2:
                     moving = rows
-                groups = None if self.superchain is None else self.superchain[moving]
+                groups = None if self.starts is None else self.starts[moving]
                 pooled = regularized_variance(total[moving], squares[moving], n, groups)
                 self.inv_mass[rows] = pooled.to(state.z.dtype)
                 # a dense estimate needs more window draws than dimensions; below that it is
@@ -377,12 +455,31 @@ class ChEES:
             self._sums = None
             self._restart_step_size(state)
 
-    def settings(self) -> dict:
-        """The adapted step size and trajectory length (floats; lists, one per superchain, when
+    def warmup(self, state: ChainState) -> Generator[None, None, ChainState]:
+        """``num_warmup`` adapting transitions, yielding after each."""
+        for _ in range(self.num_warmup):
+            state, _ = self.step(state, adapt=True)
+            yield
+        return state
+
+    def sample(self, state: ChainState) -> tuple[ChainState, dict[str, torch.Tensor]]:
+        """One transition with the adapted settings, and its per-chain statistics."""
+        state, move = self.step(state, adapt=False)
+        return state, dict(
+            diverging=move.diverging,
+            acceptance_rate=move.accept_prob,
+            step_size=move.step_size.to(state.lp),
+            n_steps=move.n_steps.to(state.lp),
+            energy=move.energy,
+            lp=state.lp,
+        )
+
+    def adapted(self) -> dict:
+        """The adapted step size and trajectory length (floats; lists, one per start, when
         they adapt apart), for the record."""
 
         def shown(values: torch.Tensor):
-            return values.tolist() if self.per_superchain else float(values[0])
+            return values.tolist() if self.per_start else float(values[0])
 
         return dict(
             step_size=shown(self.step_size), trajectory_length=shown(torch.exp(self.log_T_avg))
@@ -398,4 +495,4 @@ def _harmonic_mean(accept: torch.Tensor, diverging: torch.Tensor) -> float:
     return float(1.0 / (1.0 / kept.clamp_min(1e-10)).mean())
 
 
-__all__ = ["CHEES_TARGET_ACCEPT", "ChEES", "Transition"]
+__all__ = ["CHEES_TARGET_ACCEPT", "STUCK_ACCEPTANCE", "ChEES", "ChEESSampler", "Transition"]

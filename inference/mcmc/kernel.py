@@ -20,13 +20,16 @@ the Halton jitter and the divergence threshold.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
+
+from probtransformer.validation import value_and_type
 
 #: An energy error above this many nats is a divergent transition (Stan, Pyro).
 MAX_ENERGY_ERROR = 1000.0
@@ -79,6 +82,41 @@ def halton(index: int, base: int = 2) -> float:
     return result
 
 
+def check_probability(name: str, value: object) -> None:
+    """``value`` is a float in (0, 1).
+
+    Raises:
+        ValueError: anything else, named.
+    """
+    if not (isinstance(value, float) and 0 < value < 1):
+        raise ValueError(f"{name} must be a float in (0, 1), got {value_and_type(value)}")
+
+
+def check_positive(name: str, value: object, *, none: bool = False) -> None:
+    """``value`` is a finite number > 0 (or None, where ``none``).
+
+    Raises:
+        ValueError: anything else, named.
+    """
+    if none and value is None:
+        return
+    if isinstance(value, bool) or not (
+        isinstance(value, (int, float)) and 0 < value < math.inf
+    ):
+        raise ValueError(f"{name} must be a finite number > 0, got {value_and_type(value)}")
+
+
+def check_flag(name: str, value: object, *, none: bool = False) -> None:
+    """``value`` is a Python bool (or None, where ``none``).
+
+    Raises:
+        TypeError: anything else (``np.True_`` too), named.
+    """
+    if not (isinstance(value, bool) or (none and value is None)):
+        allowed = "True, False or None" if none else "a Python bool"
+        raise TypeError(f"{name} must be {allowed}, got {value_and_type(value)}")
+
+
 @dataclass
 class ChainState:
     """Positions ``z`` ``(K, D)`` in the unconstrained space, their log densities ``lp`` ``(K,)``
@@ -96,9 +134,14 @@ class Kernel(ABC):
 
     Attributes:
         name: ClassVar, the CLI spelling and ``record["kernel"]`` (``"nuts"``, ``"chees"`` ...).
+        min_warmup: ClassVar, warm-up lengths ``0 < num_warmup <`` this get a warning (too few
+            adaptation windows to settle; 0: never).
+        divergence_remedy: ClassVar, what ``diagnose`` suggests after divergent transitions.
     """
 
     name: ClassVar[str]
+    min_warmup: ClassVar[int] = 50
+    divergence_remedy: ClassVar[str] = "raise target_accept_prob or reparameterise"
 
     def record(self) -> dict[str, Any]:
         """The settings as the run records them (JSON-safe)."""
@@ -125,13 +168,19 @@ class ManyChainKernel(Kernel):
             posterior).
         compile: evaluate the K-chain log density as one ``torch.compile``d graph (True,
             False, or None: where it repays; ``mcmc.compiled``).
+
+    Both are keyword-only (after a subclass's own settings).
     """
 
-    temperature: float = 1.0
-    compile: bool | None = None
+    temperature: float = field(default=1.0, kw_only=True)
+    compile: bool | None = field(default=None, kw_only=True)
 
     #: Chains every start needs when each start's chains are tuned apart (``per_start``).
     min_chains_per_start: ClassVar[int] = 1
+
+    def __post_init__(self) -> None:
+        check_positive("temperature", self.temperature)
+        check_flag("compile", self.compile, none=True)
 
     @abstractmethod
     def sampler(
@@ -140,10 +189,13 @@ class ManyChainKernel(Kernel):
         rng: ChainRNG,
         *,
         num_warmup: int,
-        groups: torch.Tensor | None,
+        groups: torch.Tensor,
+        per_start: bool,
     ) -> ManyChainSampler:
-        """A sampler for one run: ``groups`` ``(K,)`` is each chain's tuning group (the chains
-        of one start, tuned apart) or None (one group)."""
+        """A sampler for one run: ``groups`` ``(K,)`` long is each chain's start (0 .. M - 1;
+        the chains of one start form a group, Margossian et al. 2024's superchain);
+        ``per_start`` tunes every group apart (its own step size ...), else all chains share
+        one tuning (a kernel may still centre moments within groups)."""
 
     def warmup_steps(self, num_warmup: int) -> int:
         """Gradient-bearing warm-up steps the sampler takes for ``num_warmup`` (progress and
@@ -159,9 +211,11 @@ class ManyChainSampler(ABC):
 
     Attributes:
         gradients: chain-gradients evaluated so far (steps times chains).
+        step_size: ``(G,)`` the current step size per tuning group (the progress bar shows it).
     """
 
     gradients: int = 0
+    step_size: torch.Tensor
 
     @abstractmethod
     def init(self, z: torch.Tensor) -> ChainState:
@@ -187,11 +241,6 @@ class ManyChainSampler(ABC):
         none by default."""
         return {}
 
-    @property
-    @abstractmethod
-    def step_size(self) -> torch.Tensor:
-        """``(G,)`` the current step size per tuning group (the progress bar shows it)."""
-
 
 __all__ = [
     "MAX_ENERGY_ERROR",
@@ -203,5 +252,8 @@ __all__ = [
     "ManyChainKernel",
     "ManyChainSampler",
     "PyroKernel",
+    "check_flag",
+    "check_positive",
+    "check_probability",
     "halton",
 ]

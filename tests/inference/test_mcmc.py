@@ -307,16 +307,32 @@ def test_save_and_load_keep_draws_and_statistics(nuts_posterior, tmp_path):
         (dict(num_chains=1.5), TypeError, "num_chains must be an int"),
         (dict(num_warmup=-1), ValueError, "num_warmup"),
         (dict(kernel="gibbs"), ValueError, "kernel must be one of"),
-        (dict(target_accept_prob=1.2), ValueError, "target_accept_prob"),
-        (dict(step_size=0.0), ValueError, "step_size"),
-        (dict(max_tree_depth=0), ValueError, "max_tree_depth"),
+        (dict(kernel=NUTS), TypeError, "kernel must be a kernel settings object"),
+        (dict(kernel="nuts", target_accept_prob=1.2), ValueError, "target_accept_prob"),
         (dict(device="tpu"), ValueError, "device"),
         (dict(num_samples=10**9), ValueError, r"would keep 44\.7 GiB of draws \(limit 2 GiB\)"),
     ],
 )
+@pytest.mark.filterwarnings("ignore:fit_mcmc\\(kernel=.* is deprecated:DeprecationWarning")
 def test_bad_settings_name_the_argument(regression, kwargs, error, words):
     with pytest.raises(error, match=words):
         fit_mcmc(BayesianLinearRegression(2), regression, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "build, error, words",
+    [
+        (lambda: NUTS(target_accept_prob=1.2), ValueError, "target_accept_prob must be a float"),
+        (lambda: NUTS(step_size=0.0), ValueError, "step_size must be a finite number > 0"),
+        (lambda: NUTS(max_tree_depth=0), ValueError, "max_tree_depth must be >= 1"),
+        (lambda: NUTS(jit_compile="yes"), TypeError, "jit_compile must be a Python bool"),
+        (lambda: HMC(trajectory_length=-1.0), ValueError, "trajectory_length must be a finite"),
+        (lambda: HMC(max_tree_depth=3), TypeError, "unexpected keyword argument"),
+    ],
+)
+def test_bad_kernel_settings_are_refused_on_construction(build, error, words):
+    with pytest.raises(error, match=words):
+        build()
 
 
 def test_bad_data_is_rejected(regression):

@@ -13,13 +13,13 @@ from probtransformer.datasets import SequenceData
 from probtransformer.inference import NUTS, ChEES, fit_ensemble, fit_mcmc, fit_mile
 from probtransformer.inference.mcmc.density import VectorizedDensity
 from probtransformer.inference.mcmc.kernel import ChainRNG
-from probtransformer.inference.mcmc.mclmc import (
+from probtransformer.inference.mcmc.mclmc import MCLMCSampler, MCLMCState
+from probtransformer.inference.mcmc.mclmc_adaptation import (
     BACKOFF,
     BLACKJAX_TUNING,
-    MCLMC,
     MILE_TUNING,
+    StepSizeAdaptation,
     Tuning,
-    _StepSizeAdaptation,
 )
 from probtransformer.models import BayesianLinearRegression, SequenceClassifier
 from tests.inference.test_correctness import REFERENCE, AutoRegressive, assert_matches_reference
@@ -45,8 +45,8 @@ def standard_normal(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def run(density, chains: int, groups, tuning: Tuning, steps: int, seed: int = 0, dim: int = D):
     """Tune from the mode (0) in ``steps`` steps, then ``steps`` more: the sampler, the states
     ``(K, steps, dim)`` and the energy errors ``(steps, K)``."""
-    sampler = MCLMC(density, ChainRNG(seed, chains, CPU), groups=groups, tuning=tuning)
-    state, u = sampler.init(torch.zeros(chains, dim))
+    sampler = MCLMCSampler(density, ChainRNG(seed, chains, CPU), groups=groups, tuning=tuning)
+    state, u = sampler.start(torch.zeros(chains, dim))
     state, u = sampler.tune(state, u, steps)
     states, errors = [], []
     for _ in range(steps):
@@ -95,9 +95,9 @@ def test_chains_started_at_a_mode_stay_in_the_typical_set_while_tuning():
     """At a mode the gradient is 0 and a step's energy error says nothing: the initial step size
     comes from several steps, and it grows at most 2x per step. (Uncapped, BlackJAX's estimate
     jumped twentyfold and threw the chains to a radius of 90 on a unit Gaussian in 20 dims.)"""
-    sampler = MCLMC(standard_normal, ChainRNG(0, 4, CPU))
-    state, u = sampler.init(torch.zeros(4, D))
-    adapt = _StepSizeAdaptation(sampler, 100)
+    sampler = MCLMCSampler(standard_normal, ChainRNG(0, 4, CPU))
+    state, u = sampler.start(torch.zeros(4, D))
+    adapt = StepSizeAdaptation(sampler, 100)
     state, u = sampler._initial_step_size(state, u)
     radius = 0.0
     for _ in range(100):
@@ -114,14 +114,14 @@ def test_a_step_that_gives_nan_is_rejected_and_caps_its_members_step_size():
         lp = -0.5 * (z * z).sum(1)
         return lp.where(z[:, 0] <= 1.0, torch.nan), -z
 
-    sampler = MCLMC(wall, ChainRNG(0, 2, CPU), groups=torch.tensor([0, 1]))
+    sampler = MCLMCSampler(wall, ChainRNG(0, 2, CPU), groups=torch.tensor([0, 1]))
     start = torch.zeros(2, D)
     start[0, 0] = 0.99
-    state, u = sampler.init(start)
+    state, u = sampler.start(start)
     u = torch.zeros(2, D)
     u[:, 0] = 1.0  # both moving up z[0]: chain 0 hits the wall
     sampler.step_size = torch.tensor([0.5, 0.5], dtype=torch.float64)
-    adapt = _StepSizeAdaptation(sampler, 10)
+    adapt = StepSizeAdaptation(sampler, 10)
     new, _ = adapt.step(state, u)
     assert torch.equal(new.z[0], state.z[0]) and not torch.equal(new.z[1], state.z[1])
     assert float(sampler.step_size[0]) <= BACKOFF * 0.5
@@ -271,8 +271,8 @@ def test_the_temperature_is_recorded_and_shown_in_the_verdict(digits_rows, ensem
     assert post.record["temperature"] == 0.5
     verdict = post.diagnose(verbose=False).attrs["verdict"]
     assert any("temperature 0.5" in line and "not the Bayesian one" in line for line in verdict)
-    with pytest.raises(ValueError, match="temperature applies to kernel='chees'/'mclmc'"):
-        fit_mcmc(tiny_classifier(), digits_rows, kernel=NUTS(temperature=0.5), progress=False)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'temperature'"):
+        NUTS(temperature=0.5)
 
 
 def test_diagnose_judges_each_member_and_reports_the_spread_between_them(digits_rows, mile):
@@ -294,29 +294,15 @@ def test_diagnose_judges_each_member_and_reports_the_spread_between_them(digits_
 def test_an_mclmc_step_with_an_energy_error_over_1000_nats_is_divergent():
     """Unadjusted, MCLMC keeps every step; one whose energy error passes Stan's 1000-nat
     threshold (or is not finite) is flagged in ``diverging`` for its chain."""
-    from probtransformer.inference.mcmc.kernel import ChainState
-    from probtransformer.inference.mcmc.many_chain_runner import KernelSettings, _mclmc_draws
-
     errors = iter([torch.tensor([0.5, 2e3, 0.1]), torch.tensor([0.5, 1.0, torch.nan])])
 
-    class Scripted:
-        L = torch.tensor([1.0], dtype=torch.float64)
-        step_size = torch.tensor([1.0], dtype=torch.float64)
-
-        def init(self, z):
-            return ChainState(z, torch.zeros(3), torch.zeros_like(z)), torch.ones_like(z)
-
-        def tuning_steps(self, state, u, steps):
-            return (state, u)
-            yield
-
-        def _chains(self, per_group):
-            return per_group.float().expand(3)[:, None]
-
+    class Scripted(MCLMCSampler):
         def step(self, state, u):
             return state, u, next(errors)
 
-    settings = KernelSettings(kernel="mclmc", num_warmup=0, num_samples=1, thinning=2)
-    draws = list(_mclmc_draws(Scripted(), torch.zeros(3, 2), settings))
-    _, stats = draws[-1]
+    sampler = Scripted(standard_normal, ChainRNG(0, 3, CPU), thinning=2)
+    state = sampler.init(torch.zeros(3, 2))
+    sampler.step_size = torch.tensor([1.0], dtype=torch.float64)
+    _, stats = sampler.sample(state)
     assert stats["diverging"].tolist() == [False, True, True]
+    assert isinstance(state, MCLMCState) and state.u.shape == (3, 2)

@@ -39,8 +39,8 @@ import pandas as pd
 import torch
 from matplotlib.figure import Figure
 
-from probtransformer.cli.rundir import REPORT_FILE, diagnostic_rows, read_run, run_data
 from probtransformer.report_sections import frame_table, image, table, value_text
+from probtransformer.rundir import REPORT_FILE, diagnostic_rows, read_run, run_data
 from probtransformer.tasks import TASKS, ReportContext, Task, task_of
 
 _FIRST = {"metrics": "Test metrics"}

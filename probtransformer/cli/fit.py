@@ -24,8 +24,9 @@ from probtransformer.cli.options import (
     with_mile_preset,
     with_svi_preset,
 )
-from probtransformer.cli.rundir import is_run_dir, next_free, out_directory, write_run
+from probtransformer.cli.out_dir import out_directory
 from probtransformer.cli.threads import fit_threads, intra_op_threads
+from probtransformer.rundir import is_run_dir, next_free, write_run
 
 
 def run(args: argparse.Namespace) -> int:

@@ -32,7 +32,7 @@ from probtransformer.cli.options import (
     KERNELS,
     LR_SCHEDULES,
 )
-from probtransformer.cli.rundir import (
+from probtransformer.rundir import (
     ATTENTION_FILE,
     INFERENCE_DATA_FILE,
     METRICS_FILE,

@@ -16,7 +16,6 @@ import torch
 from probtransformer import datasets
 from probtransformer.cli import main
 from probtransformer.cli import parser as cli_parser
-from probtransformer.cli.rundir import run_files
 from probtransformer.models import (
     CausalLM,
     Seq2Seq,
@@ -26,6 +25,7 @@ from probtransformer.models import (
     register_model,
 )
 from probtransformer.report import SECTIONS, TASK_SECTIONS
+from probtransformer.rundir import run_files
 from probtransformer.tasks import TASKS, Task, register, task_for_dataset, task_of
 from probtransformer.tasks.classification import ClassificationTask
 

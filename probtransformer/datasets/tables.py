@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from probtransformer.datasets._data import DatasetSplits, SequenceData
+from probtransformer.data import DatasetSplits, SequenceData
 from probtransformer.datasets._splits import TEST_FRACTION, tail_count
 
 #: Files larger than this are refused before they are read (``max_bytes`` overrides it): a

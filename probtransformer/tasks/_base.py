@@ -185,7 +185,7 @@ def read_table_data(path: Path, run: Any) -> tuple[Any, Any, str | None]:
     import numpy as np
     import pandas as pd
 
-    from probtransformer.datasets import SequenceData
+    from probtransformer.data import SequenceData
     from probtransformer.datasets.tables import TableSchema, read_table
 
     schema = TableSchema.from_dict(run.record["table"])

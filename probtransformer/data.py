@@ -1,4 +1,11 @@
-"""`SequenceData`, one split of a dataset as CPU tensors, and `DatasetSplits`, all splits of one."""
+"""`SequenceData`, one split of a dataset as CPU tensors, and `DatasetSplits`, all splits of one.
+
+Kept apart from the dataset registry (`probtransformer.datasets`, which re-exports both) so that
+inference, the tasks and the scikit-learn wrappers use them without loading any dataset's
+loader: `import probtransformer.inference` imports neither scikit-learn's dataset loaders nor
+sktime nor statsmodels. Reading a table (`SequenceData.from_pandas`, `from_csv`,
+`from_parquet`) imports `probtransformer.datasets.tables` when called.
+"""
 
 from __future__ import annotations
 

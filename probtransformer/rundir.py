@@ -118,7 +118,7 @@ def read_run(run_dir: str | Path, *, device: str = "cpu") -> Run:
     if not isinstance(record, dict):
         raise ValueError(f"{run_dir / METRICS_FILE} must hold a JSON object")
     if "table" in record:  # checked once here: predict, serve and report encode with it
-        from probtransformer.datasets.tables import TableSchema
+        from probtransformer.data.table_schema import TableSchema
 
         try:
             TableSchema.from_dict(record["table"])

@@ -432,7 +432,8 @@ def fit_route(
     and the
     spread between members. ``reference_seconds``: the batched ensemble row's fit seconds, the
     ratio's denominator (None: this row's own ensemble's)."""
-    from probtransformer.inference import fit_ensemble, fit_mile, modes
+    from probtransformer.inference import fit_ensemble, fit_mile
+    from probtransformer.inference.diagnostics import modes
     from probtransformer.inference.diagnostics._arviz import az
 
     optimised = optimised_settings(train, setup, seed, ctx)

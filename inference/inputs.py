@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from pyro.nn import PyroModule
 
-from probtransformer.datasets import SequenceData
+from probtransformer.data import SequenceData
 from probtransformer.inference.model_checks import check_model_structure
 from probtransformer.validation import as_tensor
 

@@ -35,7 +35,7 @@ from pyro import poutine
 from pyro.nn import PyroModule
 
 from probtransformer.attention import LOCAL_LATENT
-from probtransformer.datasets import SequenceData
+from probtransformer.data import SequenceData
 from probtransformer.inference._pyro_compat import module_sample_attributes, site_is_subsample
 from probtransformer.inference._runtime import (
     is_invalid_parameter_error,

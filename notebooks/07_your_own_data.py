@@ -42,10 +42,10 @@ from fastapi.testclient import TestClient  # the serve extra
 
 from probtransformer import datasets, metrics
 from probtransformer.cli import main
-from probtransformer.cli.rundir import read_run
 from probtransformer.datasets import from_table
 from probtransformer.inference import fit_svi
 from probtransformer.models import SequenceClassifier
+from probtransformer.rundir import read_run
 from probtransformer.serving import Service, create_app
 
 SMOKE = os.environ.get("PROBTRANSFORMER_SMOKE") == "1"

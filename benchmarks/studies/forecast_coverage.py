@@ -15,8 +15,8 @@ import sys
 import torch
 
 from probtransformer import metrics
-from probtransformer.cli.rundir import read_run, run_data
 from probtransformer.inference.posterior.results import _quantiles
+from probtransformer.rundir import read_run, run_data
 
 PROB = 0.9
 

@@ -21,7 +21,7 @@ import torch
 
 import probtransformer
 from probtransformer import datasets
-from probtransformer.cli.rundir import read_run
+from probtransformer.rundir import read_run
 
 
 def main(argv: list[str] | None = None) -> dict:

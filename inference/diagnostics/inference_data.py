@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from probtransformer.datasets import SequenceData
+from probtransformer.data import SequenceData
 from probtransformer.inference._runtime import seeded
 from probtransformer.inference.diagnostics._arviz import az
 from probtransformer.inference.inputs import check_data

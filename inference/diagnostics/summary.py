@@ -14,7 +14,7 @@ import pandas as pd
 import torch
 
 from probtransformer.attention import BayesMultiheadAttention
-from probtransformer.datasets import SequenceData
+from probtransformer.data import SequenceData
 from probtransformer.inference.diagnostics import modes
 from probtransformer.inference.diagnostics._arviz import az, ess, pareto_khat, rhat, rhat_nested
 from probtransformer.inference.diagnostics.guide_checks import (

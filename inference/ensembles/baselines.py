@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from probtransformer.datasets import SequenceData
+from probtransformer.data import SequenceData
 from probtransformer.inference.ensembles.batched import MembersDoNotVectorize, fit_batched
 from probtransformer.inference.inputs import check_model
 from probtransformer.inference.posterior.posterior import Posterior

@@ -22,7 +22,7 @@ import time
 import pyro
 import torch
 
-from probtransformer.datasets import SequenceData
+from probtransformer.data import SequenceData
 from probtransformer.inference._runtime import seeded
 from probtransformer.inference.inputs import example_of
 from probtransformer.inference.mcmc.density import VectorizedDensity

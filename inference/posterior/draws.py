@@ -27,7 +27,7 @@ import torch
 from pyro import poutine
 from pyro.infer.autoguide import AutoDelta, AutoGuide
 
-from probtransformer.datasets import SequenceData
+from probtransformer.data import SequenceData
 from probtransformer.inference._runtime import pyro_scope, seeded
 from probtransformer.inference.model_checks import DRAWS_DIM, DRAWS_PLATE
 from probtransformer.validation import check_int

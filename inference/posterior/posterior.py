@@ -7,7 +7,7 @@ import torch
 from pyro.infer.autoguide import AutoGuide
 from pyro.nn import PyroModule
 
-from probtransformer.datasets import SequenceData
+from probtransformer.data import SequenceData
 from probtransformer.inference._pyro_compat import site_is_subsample
 from probtransformer.inference._runtime import seeded
 from probtransformer.inference.diagnostics.heads import head_importance, prune_heads

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from probtransformer._io import read_versioned_json, staged_directory
-from probtransformer.datasets import SequenceData
+from probtransformer.data import SequenceData
 from probtransformer.inference._runtime import pyro_scope, resolve_device
 from probtransformer.inference.vi.guides import build_guide
 from probtransformer.models.registry import check_config, check_registered, model_from_config

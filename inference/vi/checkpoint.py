@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from probtransformer._io import read_versioned_json, staged_directory
-from probtransformer.datasets import SequenceData
+from probtransformer.data import SequenceData
 from probtransformer.inference.distributed import check_same, together
 from probtransformer.inference.inputs import rows_digest
 

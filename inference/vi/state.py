@@ -18,7 +18,7 @@ import pyro
 import torch
 from pyro.infer import Trace_ELBO
 
-from probtransformer.datasets import SequenceData
+from probtransformer.data import SequenceData
 from probtransformer.inference._runtime import (
     is_invalid_parameter_error,
     reinitialised_copy,

@@ -18,7 +18,7 @@ import time
 import torch
 
 from probtransformer._progress import progress_bar
-from probtransformer.datasets import SequenceData
+from probtransformer.data import SequenceData
 from probtransformer.inference.distributed import joined, together
 from probtransformer.inference.inputs import check_model, check_training_data, example_of
 from probtransformer.inference.posterior.posterior import Posterior

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from probtransformer.cli._common import PROG, CLIError
 from probtransformer.cli.parser import build_parser
+from probtransformer.rundir import RunWriteError
 
 #: Appended to an out-of-memory error: what the user can change.
 OOM_HINT = " (lower --num-samples or the model's sizes)"
@@ -47,6 +48,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with contextlib.suppress(OSError, ValueError):  # Python's advice: no flush at exit
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except RunWriteError as e:  # the run directory is fit's --out
+        return _fail(CLIError(f"cannot write --out {e.path}: {e.reason}"), 2)
     except (CLIError, ValueError, TypeError, OSError) as e:
         return _fail(e, 2)
     except FloatingPointError as e:  # NonFiniteELBOError: the fit diverged

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from probtransformer.cli._common import given
-from probtransformer.cli.rundir import diagnostic_rows, read_run, run_data
+from probtransformer.rundir import diagnostic_rows, read_run, run_data
 
 
 def run(args: argparse.Namespace) -> None:

@@ -1,5 +1,7 @@
 """``probtransformer fit``: fit the model of the dataset's task, measure the test split and write
-the run directory."""
+the run directory (or keep the fitted posterior next to it when that fails). The library calls
+are built in ``cli.fit_calls``; what the run records and prints of the fit, in
+``cli.fit_summary``."""
 
 from __future__ import annotations
 
@@ -11,21 +13,22 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any
 
 from probtransformer.cli._common import PROG, CLIError, given, warn
+from probtransformer.cli.fit_calls import _fit_mcmc, _fit_mile, _fit_svi, _model_options, _sibling
+from probtransformer.cli.fit_summary import _collapse_line, _fit_settings, _print_metrics
 from probtransformer.cli.options import (
     DISTRIBUTED_INFERENCE,
     INFERENCE_GUIDES,
     MANY_CHAIN_KERNELS,
-    MAP_FITS,
     check_applicable,
     with_mcmc_preset,
     with_mile_preset,
     with_svi_preset,
 )
-from probtransformer.cli.rundir import is_run_dir, next_free, out_directory, write_run
+from probtransformer.cli.out_dir import out_directory
 from probtransformer.cli.threads import fit_threads, intra_op_threads
+from probtransformer.rundir import is_run_dir, next_free, write_run
 
 
 def run(args: argparse.Namespace) -> int:
@@ -263,30 +266,6 @@ def _run(
     return 130 if partial else 0
 
 
-def _collapse_line(post, seed: int) -> str | None:
-    """``guide_checks.collapse_line`` of an SVI fit whose guide has kept no spread (its
-    epistemic figures then mean nothing); None for other fits and for a guide with spread."""
-    from probtransformer.inference.diagnostics.guide_checks import (
-        SCALE_RATIO_MIN,
-        collapse_line,
-        guide_scale_ratio,
-    )
-    from probtransformer.inference.diagnostics.summary import _flag
-
-    if post.guide is None or post.is_point_estimate or post.mc_dropout:
-        return None
-    ratio = guide_scale_ratio(post, seed=seed)
-    if not ratio < SCALE_RATIO_MIN:  # NaN (no prior to compare with) included
-        return None
-    return collapse_line(ratio, post.record.get("init_scale"), _flag)
-
-
-def _sibling(target: Path, suffix: str) -> Path:
-    """``OUT<suffix>`` next to the run directory ``OUT`` (``--out .`` included)."""
-    target = target.absolute()
-    return target.with_name(target.name + suffix)
-
-
 def _kept_path(target: Path) -> Path:
     """Where a Ctrl-C after the fit keeps the fitted posterior: ``OUT.posterior``, or the first
     free ``OUT.posterior-2``, ``-3``, ... (nothing there is replaced)."""
@@ -330,262 +309,9 @@ def _kept_fit(
     )
 
 
-def _model_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The model options that were set, with the attention priors of the --head-gates,
-    --stochastic-attention and --local-window flags."""
-    from probtransformer import priors
-
-    specs = []
-    if args.stochastic_attention:
-        specs.append(priors.StochasticAttentionPrior())
-    if args.local_window is not None:
-        specs.append(
-            priors.AttentionLogitPrior(priors.local_window(args.local_window, outside=0.01))
-        )
-    attention: dict[str, Any] = {}
-    if specs:
-        attention["attention_prior"] = (priors.LogitScalePrior(), *specs)
-    if args.head_gates:
-        attention["head_prior"] = priors.HeadGatePrior()
-    return given(
-        d_model=args.d_model,
-        num_heads=args.num_heads,
-        num_layers=args.num_layers,
-        d_ff=args.d_ff,
-        dropout=args.dropout,
-        bayesian=args.bayesian,
-        **attention,
-    )
-
-
 def _prediction_draws(post, num_samples: int | None) -> int | None:
     """``--num-samples``; unset: every kept draw of a sampled posterior, None (the library
     default) for SVI."""
     if num_samples is None and post.samples is not None:
         return math.prod(next(iter(post.samples.values())).shape[:2])  # chains x draws
     return num_samples
-
-
-def _fit_svi(
-    model, train, args: argparse.Namespace, guide: str | None, target: Path, distributed: bool
-):
-    """svi: ``fit_svi``; map, mc-dropout, ensemble: their ``MAP_FITS`` function (fit_svi's
-    settings without ``guide``; ensemble: ``n_members`` too)."""
-    from probtransformer import inference
-    from probtransformer.inference.posterior.prediction import dropout_modules
-
-    if args.inference == "mc-dropout" and not dropout_modules(model):
-        raise CLIError(
-            "--inference mc-dropout needs dropout in the model: give --dropout P with 0 < P < 1 "
-            f"(this {type(model).__name__} has dropout {model.config.get('dropout')})"
-        )
-    if args.inference in MAP_FITS:
-        fit, specific = getattr(inference, MAP_FITS[args.inference]), dict(n_members=args.n_members)
-    else:
-        fit, specific = (
-            inference.fit_svi,
-            dict(guide=guide or args.guide, init_scale=args.init_scale),
-        )
-    checkpoint_dir = args.checkpoint_dir
-    if args.checkpoint_every is not None and checkpoint_dir is None:
-        checkpoint_dir = _sibling(target, ".checkpoint")
-    return fit(
-        model,
-        train,
-        seed=args.seed,
-        progress=args.progress,
-        **given(
-            **specific,
-            num_steps=args.num_steps,
-            batch_size=args.batch_size,
-            lr=args.lr,
-            lr_decay=args.lr_decay,
-            lr_warmup=args.lr_warmup,
-            lr_schedule=args.lr_schedule,
-            device=args.device,
-            checkpoint_every=args.checkpoint_every,
-            checkpoint_dir=checkpoint_dir,
-            resume_from=args.resume_from,
-            distributed=distributed or None,
-        ),
-    )
-
-
-def _fit_mcmc(model, train, args: argparse.Namespace, distributed: bool):
-    """``fit_mcmc`` with the MCMC options that were set (after the preset, only those that
-    apply to the kernel); its ValueErrors (e.g. --num-starts not dividing --num-chains) reach
-    the user as one line."""
-    from probtransformer.inference import fit_mcmc
-
-    return fit_mcmc(
-        model,
-        train,
-        seed=args.seed,
-        progress=args.progress,
-        **given(
-            kernel=args.kernel,
-            num_chains=args.num_chains,
-            num_starts=args.num_starts,
-            init=args.init,
-            num_warmup=args.num_warmup,
-            num_samples=args.num_draws,
-            target_accept_prob=args.target_accept_prob,
-            max_tree_depth=args.max_tree_depth,
-            trajectory_length=args.trajectory_length,
-            jit_compile=args.jit_compile,
-            compile=args.compile,
-            temperature=args.temperature,
-            map_steps=args.map_steps,
-            device=args.device,
-            distributed=distributed or None,
-        ),
-    )
-
-
-def _fit_mile(model, train, args: argparse.Namespace):
-    """``fit_mile``: the ensemble's settings are the SVI options (after the task's preset),
-    the sampling's the MCMC options that apply and ``MILE_OPTIONS``."""
-    from probtransformer.inference import fit_mile
-
-    return fit_mile(
-        model,
-        train,
-        seed=args.seed,
-        progress=args.progress,
-        **given(
-            n_members=args.n_members,
-            chains_per_member=args.chains_per_member,
-            kernel=args.kernel,
-            num_warmup=args.num_warmup,
-            num_samples=args.num_draws,
-            thinning=args.thinning,
-            temperature=args.temperature,
-            compile=args.compile,
-            device=args.device,
-            num_steps=args.num_steps,
-            batch_size=args.batch_size,
-            lr=args.lr,
-            lr_decay=args.lr_decay,
-            lr_warmup=args.lr_warmup,
-            lr_schedule=args.lr_schedule,
-        ),
-    )
-
-
-def _fit_settings(post) -> dict[str, Any]:
-    """What metrics.json records of the fit itself, from the posterior's record."""
-    record = post.record
-    if record["method"] == "mc-dropout":
-        return dict(guide=record["guide"], num_steps=record["num_steps"], dropout=record["dropout"])
-    if record["method"] == "ensemble":
-        return dict(
-            guide=record["guide"],
-            num_steps=record["num_steps"],
-            n_members=record["n_members"],
-            batched=record.get("batched", False),  # False in runs saved before batching
-            member_seeds=[member["seed"] for member in record["members"]],
-            member_final_losses=[member["final_loss"] for member in record["members"]],
-        )
-    if record["method"] != "mcmc":
-        return dict(
-            guide=record["guide"],
-            num_steps=record["num_steps"],
-            batch_size=record["batch_size"],
-            lr=record["lr"],
-            lr_decay=record["lr_decay"],
-            lr_warmup=record["lr_warmup"],
-            lr_schedule=record["lr_schedule"],
-        )
-    chains, kept = next(iter(post.samples.values())).shape[:2]
-    # no sample_stats: an interrupted worker process took them along (recorded as None)
-    diverging = (record.get("sample_stats") or {}).get("diverging")
-    kernel = record["kernel"]
-    settings = dict(
-        kernel=kernel,
-        num_chains=record["num_chains"],
-        num_warmup=record["num_warmup"],
-        num_draws=record["num_samples"],
-        temperature=record.get("temperature", 1.0),  # runs saved before tempering: 1
-    )
-    if record.get("route") == "mile":
-        ensemble = record["ensemble"]
-        settings.update(
-            n_members=record["n_members"],
-            chains_per_member=record["chains_per_member"],
-            ensemble_num_steps=ensemble["num_steps"],
-            ensemble_seconds=record["ensemble_seconds"],
-        )
-        if kernel == "mclmc":
-            settings["thinning"] = record["thinning"]
-    if kernel != "mclmc":  # unadjusted: no acceptance target
-        settings["target_accept_prob"] = record["target_accept_prob"]
-    if kernel == "nuts":
-        settings["max_tree_depth"] = record["max_tree_depth"]
-    elif kernel == "hmc":
-        settings["trajectory_length"] = record["trajectory_length"]
-    if kernel in MANY_CHAIN_KERNELS:
-        settings.update(
-            init=record["init"],
-            num_starts=record["num_starts"],
-            chain_gradients=record["chain_gradients"],
-            # which density ran (runs saved before compiling: eager)
-            density_path=record.get("density_path", "eager"),
-            compile_seconds=record.get("compile_seconds", 0.0),
-            # what warm-up adapted: step size, and ChEES's trajectory length or MCLMC's L
-            **{key: value for key, value in record.items() if key.startswith("adapted_")},
-        )
-    else:
-        settings["jit_compile"] = record["jit_compile"]
-    return dict(
-        **settings,
-        partial=record["partial"],
-        chains_kept=chains,
-        draws_per_chain=kept,
-        divergences=None if diverging is None else int(sum(map(sum, diverging))),
-    )
-
-
-def _print_metrics(target: Path, record: dict, task, lines: list[str]) -> None:
-    """The summary line, the task's ``printed_metrics``, its extra ``lines`` and where the run
-    went."""
-    if record["inference"] in ("mcmc", "mile"):
-        how = (
-            f"{record['kernel']}, {record['chains_kept']} chain(s) x {record['draws_per_chain']} "
-            f"draws after {record['num_warmup']} warmup"
-        )
-        if record["inference"] == "mile":
-            how += f", {record['chains_per_member']} per member of {record['n_members']}"
-        elif record["kernel"] in MANY_CHAIN_KERNELS:
-            how += f", {record['num_starts']} {record['init']} start(s)"
-    elif record["inference"] == "ensemble":
-        how = f"{record['n_members']} MAP members"
-    elif record["inference"] == "mc-dropout":
-        how = f"MAP, dropout {', '.join(map(str, record['dropout']))} kept on"
-    else:
-        how = f"guide {record['guide']}"
-    what = record["dataset"]
-    if task.names_model:
-        what += f" ({record['model']})"
-    print(
-        f"{what} · {record['inference']} ({how}) · "
-        f"{record['num_train']} train / {record['num_test']} test · {record['seconds']:.1f} s fit"
-    )
-    if record.get("partial"):
-        print(
-            f"PARTIAL: sampling was interrupted; the run holds the {record['chains_kept']} x "
-            f"{record['draws_per_chain']} draws kept of {record['num_chains']} x "
-            f"{record['num_draws']} requested"
-        )
-    printed = [(key, unit) for key, unit in task.printed_metrics if key in record]
-    width = max(15, *(len(key) + 1 for key, _ in printed))
-    for key, unit in printed:
-        print(f"  {key:<{width}}{record[key]:.4f}{unit}")
-    for line in lines:
-        print(line)
-    if record["inference"] in ("mcmc", "mile"):
-        divergences = record["divergences"]
-        total = record["chains_kept"] * record["draws_per_chain"]
-        print(f"  {'divergences':<15}{'?' if divergences is None else divergences} of {total}")
-    print(f"wrote {target}")
-    if record["inference"] in ("mcmc", "mile"):
-        print(f"convergence (R-hat, ESS, E-BFMI): {PROG} diagnose {target}")

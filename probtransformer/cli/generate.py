@@ -8,7 +8,7 @@ import sys
 import warnings
 
 from probtransformer.cli._common import PROG, CLIError, check_output, given, warn, write_csv
-from probtransformer.cli.rundir import read_run
+from probtransformer.rundir import read_run
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from probtransformer.cli._common import CLIError, check_output, given, warn, write_csv
-from probtransformer.cli.rundir import read_run
+from probtransformer.rundir import read_run
 
 #: Input files some task reads (each task refuses the suffixes it does not read).
 INPUT_SUFFIXES = (".npy", ".csv", ".txt", ".parquet", ".pq", ".csv.gz")  # tables: fit --data runs

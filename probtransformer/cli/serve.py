@@ -13,7 +13,7 @@ import sys
 
 from probtransformer.cli._common import PROG, CLIError, warn
 from probtransformer.cli.argtypes import float_in, int_in, positive_int
-from probtransformer.cli.rundir import read_run
+from probtransformer.rundir import read_run
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

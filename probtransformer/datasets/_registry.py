@@ -12,7 +12,7 @@ from numbers import Real
 
 import pandas as pd
 
-from probtransformer.datasets._data import DatasetSplits
+from probtransformer.data import DatasetSplits
 from probtransformer.validation import is_int
 
 EXTRA = "datasets"  # the pip extra that installs sktime and statsmodels

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from sklearn.model_selection import train_test_split
 
-from probtransformer.datasets._data import DatasetSplits, SequenceData
+from probtransformer.data import DatasetSplits, SequenceData
 
 TEST_FRACTION = 0.25  # fixed 75/25 train/test split; val is then carved from the train part
 

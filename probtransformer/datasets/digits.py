@@ -4,9 +4,8 @@
 from __future__ import annotations
 
 import numpy as np
-from sklearn.datasets import load_digits
 
-from probtransformer.datasets._data import DatasetSplits
+from probtransformer.data import DatasetSplits
 from probtransformer.datasets._registry import entry_of, register
 from probtransformer.datasets._splits import classification_splits
 
@@ -16,6 +15,8 @@ _CLASS_NAMES = [str(c) for c in range(10)]
 
 def _digit_images() -> tuple[np.ndarray, np.ndarray]:
     """The 1,797 images, float32 (N, 8, 8) in [0, 1], and their labels, int64 (N,) in 0..9."""
+    from sklearn.datasets import load_digits  # here: registering the loader imports nothing
+
     bunch = load_digits()  # bundled with scikit-learn: no download
     return bunch.images.astype(np.float32) / 16.0, bunch.target.astype(np.int64)
 

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from probtransformer.datasets._data import DatasetSplits, SequenceData
+from probtransformer.data import DatasetSplits, SequenceData
 from probtransformer.datasets._registry import EXTRA, entry_of, missing_extra, register
 from probtransformer.datasets._splits import tail_count
 

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from probtransformer.datasets._data import DatasetSplits, SequenceData
+from probtransformer.data import DatasetSplits, SequenceData
 from probtransformer.datasets._registry import entry_of, register
 from probtransformer.datasets._splits import tail_count
 

@@ -12,7 +12,7 @@ import os
 import numpy as np
 import pandas as pd
 
-from probtransformer.datasets._data import DatasetSplits
+from probtransformer.data import DatasetSplits
 from probtransformer.datasets._registry import EXTRA, entry_of, missing_extra, register
 from probtransformer.datasets._splits import assemble_classification, carve_val, check_holdout
 

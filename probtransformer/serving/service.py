@@ -1,6 +1,6 @@
 """What the server computes: a run's posterior predictive for merged requests, split per request.
 
-``Service`` holds one run read back safely (``cli.rundir.read_run``: nothing named by the run's
+``Service`` holds one run read back safely (``rundir.read_run``: nothing named by the run's
 files is imported or executed) and answers ``/predict`` payloads already checked by
 ``parse_sequences``. It runs only on the batcher's worker thread.
 """
@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from probtransformer.cli.rundir import DIAGNOSTICS_FILE, Run
 from probtransformer.inference.inputs import out_of_range_message
 from probtransformer.inference.posterior.results import Prediction
+from probtransformer.rundir import DIAGNOSTICS_FILE, Run
 from probtransformer.serving.batcher import Abandoned
 from probtransformer.tasks._base import table_scaling, training_range
 from probtransformer.validation import int_text

@@ -309,7 +309,7 @@ class BayesianTransformer(BaseEstimator):
             NotFittedError: before ``fit``.
             ValueError: only one of ``X`` and ``y``, or malformed ones.
         """
-        from probtransformer.datasets import SequenceData
+        from probtransformer.data import SequenceData
 
         check_is_fitted(self)
         if (X is None) != (y is None):

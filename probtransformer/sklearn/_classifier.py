@@ -59,7 +59,7 @@ class BayesianTransformerClassifier(ClassifierMixin, BayesianTransformer):
             ValueError: see the class docstring.
             NonFiniteELBOError: the fit diverged (lower ``lr``).
         """
-        from probtransformer.datasets import SequenceData
+        from probtransformer.data import SequenceData
         from probtransformer.models import SequenceClassifier
 
         check_choice(self.inference)

@@ -110,7 +110,7 @@ class BayesianTransformerRegressor(RegressorMixin, BayesianTransformer):
             ValueError: see the class docstring.
             NonFiniteELBOError: the fit diverged (lower ``lr``).
         """
-        from probtransformer.datasets import SequenceData
+        from probtransformer.data import SequenceData
         from probtransformer.models import SequenceRegressor
 
         check_choice(self.inference)

@@ -185,8 +185,9 @@ def read_table_data(path: Path, run: Any) -> tuple[Any, Any, str | None]:
     import numpy as np
     import pandas as pd
 
-    from probtransformer.datasets import SequenceData
-    from probtransformer.datasets.tables import TableSchema, read_table
+    from probtransformer.data import SequenceData
+    from probtransformer.data.table_files import read_table
+    from probtransformer.data.table_schema import TableSchema
 
     schema = TableSchema.from_dict(run.record["table"])
     frame = read_table(path, text_columns=(schema.id,) if schema.id else ())

@@ -80,7 +80,7 @@ class TokenTask(Task):
         import pandas as pd
         import torch
 
-        from probtransformer.datasets import SequenceData
+        from probtransformer.data import SequenceData
 
         post, ids = run.posterior, None
         if "table" in run.record:

@@ -1,8 +1,9 @@
-"""Data and imports flow one way: building blocks -> models -> inference -> tasks -> cli ->
-serving (and its client).
+"""Data and imports flow one way: building blocks -> models -> inference -> tasks -> run
+directories -> report, the scikit-learn wrappers, serving (and its client) -> cli.
 
 Every import of every module is read with the AST, including imports inside functions and
 ``importlib.import_module("...")`` strings, so a lazy import cannot hide a wrong direction.
+Every module belongs to a layer (``LAYERS``): a new top-level module must be placed.
 """
 
 import ast
@@ -26,31 +27,98 @@ BUILDING_BLOCKS = (
     "layers",
     "attention",
     "block",
+    "circuits",
+    "kv_cache",
     "embedding",
     "encoder",
     "positional",
     "metrics",
     "plots",
+    "validation",
+    "_io",
+    "_progress",
+    "data",
     "datasets",
+    "report_sections",  # HTML pieces the tasks render their report sections with
 )
 
+#: The layer of each ``probtransformer.<name>`` (package or module).
+LAYERS = {
+    **dict.fromkeys(BUILDING_BLOCKS, "building block"),
+    "models": "models",
+    "inference": "inference",
+    "tasks": "tasks",
+    "rundir": "run directory",
+    "report": "report",
+    "sklearn": "sklearn",
+    "serving": "serving",
+    "client": "serving",
+    "cli": "cli",
+    "__main__": "cli",
+}
+
 #: Packages each layer must never import.
-#: The server and its client sit above the CLI's run directories: nothing below imports them.
+#: The server and its client sit above the run directories: nothing below imports them.
 SERVING = ("probtransformer.serving", "probtransformer.client")
+#: The applications over a run directory and over the library: nothing below imports them.
+APPLICATIONS = ("probtransformer.report", "probtransformer.sklearn", "probtransformer.cli")
+#: The dataset registry: loading it imports every dataset's loader. Models and inference take
+#: ``SequenceData`` from ``probtransformer.data``.
+REGISTRY = ("probtransformer.datasets",)
 FORBIDDEN = {
-    "building block": (
+    "package root": (
         "probtransformer.inference",
         "probtransformer.tasks",
-        "probtransformer.cli",
+        "probtransformer.rundir",
+        *APPLICATIONS,
+        *SERVING,
+    ),
+    "building block": (
+        "probtransformer.models",
+        "probtransformer.inference",
+        "probtransformer.tasks",
+        "probtransformer.rundir",
+        *APPLICATIONS,
         *SERVING,
     ),
     "models": (
         "probtransformer.inference",
         "probtransformer.tasks",
+        "probtransformer.rundir",
+        *APPLICATIONS,
+        *SERVING,
+        *REGISTRY,
+    ),
+    "inference": (
+        "probtransformer.tasks",
+        "probtransformer.rundir",
+        *APPLICATIONS,
+        *SERVING,
+        *REGISTRY,
+    ),
+    "tasks": ("probtransformer.rundir", *APPLICATIONS, *SERVING),
+    "run directory": (*APPLICATIONS, *SERVING),
+    "report": ("probtransformer.sklearn", "probtransformer.cli", *SERVING),
+    "sklearn": (
+        "probtransformer.tasks",
+        "probtransformer.rundir",
+        "probtransformer.report",
         "probtransformer.cli",
         *SERVING,
     ),
-    "inference": ("probtransformer.tasks", "probtransformer.cli", *SERVING),
+    "serving": ("probtransformer.report", "probtransformer.sklearn", "probtransformer.cli"),
+    "cli": (),
+}
+
+#: Imports that break a rule, each waiting for its owner's change (remove the entry with it):
+#: the MCMC driver and MILE still take SequenceData from the registry (issue 45 item 6; the
+#: MCMC rewrite changes those lines: ``from probtransformer.data import SequenceData``).
+KNOWN = {
+    "probtransformer.inference.mcmc.driver (inference) imports probtransformer.datasets",
+    "probtransformer.inference.mcmc.driver (inference) imports "
+    "probtransformer.datasets.SequenceData",
+    "probtransformer.inference.mcmc.mile (inference) imports probtransformer.datasets",
+    "probtransformer.inference.mcmc.mile (inference) imports probtransformer.datasets.SequenceData",
 }
 
 
@@ -63,14 +131,12 @@ def _module_name(path: Path) -> str:
 
 
 def _layer(module: str) -> str | None:
+    """The layer of ``module``: ``LAYERS`` of its second name, "package root" for
+    ``probtransformer`` itself, None for a name outside ``LAYERS``."""
     parts = module.split(".")
-    if parts[:2] == ["probtransformer", "inference"]:
-        return "inference"
-    if parts[:2] == ["probtransformer", "models"]:
-        return "models"
-    if len(parts) > 1 and parts[1] in BUILDING_BLOCKS:
-        return "building block"
-    return None
+    if parts == ["probtransformer"]:
+        return "package root"
+    return LAYERS.get(parts[1]) if parts[0] == "probtransformer" and len(parts) > 1 else None
 
 
 def _resolve(module: str, node: ast.ImportFrom, is_package: bool) -> str:
@@ -123,7 +189,12 @@ def _violations(path: Path) -> list[str]:
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_imports_flow_one_way(path):
-    assert _violations(path) == []
+    assert [v for v in _violations(path) if v not in KNOWN] == []
+
+
+def test_every_module_has_a_layer():
+    unplaced = sorted(_module_name(p) for p in SOURCES if _layer(_module_name(p)) is None)
+    assert unplaced == [], "add each to LAYERS (tests/architecture/test_import_direction.py)"
 
 
 def test_the_reader_sees_lazy_and_string_imports(monkeypatch):

@@ -15,7 +15,8 @@ import torch
 from arviz_stats.base import array_stats
 
 from probtransformer.datasets import SequenceData
-from probtransformer.inference import Posterior, diagnostics
+from probtransformer.inference import Posterior
+from probtransformer.inference.diagnostics import summary
 from probtransformer.inference.diagnostics._arviz import az, ess, rhat, rhat_nested
 from probtransformer.inference.diagnostics.summary import (
     MANY_CHAINS,
@@ -215,7 +216,7 @@ def test_well_mixed_many_chains_pass(data):
 def test_weight_space_is_information_only_for_models_with_unit_symmetries(data, monkeypatch):
     assert has_unit_symmetries(SequenceClassifier(8, 10, 8, d_model=8, num_heads=2))
     assert not has_unit_symmetries(BayesianLinearRegression(2))
-    monkeypatch.setattr(diagnostics, "has_unit_symmetries", lambda model: True)
+    monkeypatch.setattr(summary, "has_unit_symmetries", lambda model: True)
     post = _posterior(data, chains=16, starts=4, shift_sd=1.0)
     verdict = post.diagnose(data, verbose=False).attrs["verdict"]
     assert any(
@@ -300,7 +301,7 @@ def test_a_loo_that_is_not_finite_is_flagged(data, monkeypatch):
     """A badly tuned run gave elpd_loo NaN with NaN Pareto k's, which the verdict called ok."""
     nan_loo = type("Loo", (), dict(elpd_loo=np.nan, se=np.nan, p_loo=np.nan))()
     nan_loo.pareto_k = np.full(len(data), np.nan)
-    monkeypatch.setattr(diagnostics.az, "loo", lambda idata, pointwise: nan_loo)
+    monkeypatch.setattr(summary.az, "loo", lambda idata, pointwise: nan_loo)
     table = _posterior(data, chains=4, starts=None).diagnose(data, verbose=False)
     (line,) = [line for line in table.attrs["verdict"] if "LOO" in line]
     assert line.startswith("WARN  LOO: elpd_loo nan") and "unreliable" in line

@@ -108,8 +108,8 @@ def test_the_service_standardizes_features_sent_in_the_files_units(table_run, tm
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
-    from probtransformer.cli.rundir import read_run
     from probtransformer.datasets import SequenceData, TableSchema
+    from probtransformer.rundir import read_run
     from probtransformer.serving import Service, create_app
 
     root, data = table_run

@@ -14,9 +14,7 @@ import pytest
 import torch
 
 from probtransformer import datasets
-from probtransformer.cli import main
-from probtransformer.cli import parser as cli_parser
-from probtransformer.cli.rundir import run_files
+from probtransformer.cli import fit_parser, main
 from probtransformer.models import (
     CausalLM,
     Seq2Seq,
@@ -26,6 +24,7 @@ from probtransformer.models import (
     register_model,
 )
 from probtransformer.report import SECTIONS, TASK_SECTIONS
+from probtransformer.rundir import run_files
 from probtransformer.tasks import TASKS, Task, register, task_for_dataset, task_of
 from probtransformer.tasks.classification import ClassificationTask
 
@@ -158,7 +157,7 @@ def toy_task(monkeypatch):
 
     monkeypatch.setattr(datasets, "available", toy_available)
     monkeypatch.setattr(datasets, "load", toy_load)
-    names = cli_parser.DATASET_NAMES
+    names = fit_parser.DATASET_NAMES
     monkeypatch.setitem(names.__dict__, "_names", toy_available()["name"].tolist())
     return task
 

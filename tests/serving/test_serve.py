@@ -27,10 +27,10 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 from probtransformer.cli import main  # noqa: E402
-from probtransformer.cli.rundir import read_run, write_diagnostics  # noqa: E402
 from probtransformer.client import Client  # noqa: E402
 from probtransformer.datasets import load  # noqa: E402
 from probtransformer.models import generate  # noqa: E402
+from probtransformer.rundir import read_run, write_diagnostics  # noqa: E402
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 KEY = "s3cret-key"

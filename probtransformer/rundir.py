@@ -1,18 +1,19 @@
 """Run directories of ``probtransformer fit``: what they hold, writing one atomically, and
-reading one back (``diagnose``, ``predict``, ``report``, ``generate``)."""
+reading one back (``diagnose``, ``predict``, ``report``, ``generate``, ``serve``).
+
+Below the CLI, so the report, the server and the CLI read runs without importing each other;
+choosing and checking ``--out`` is the CLI's (``probtransformer.cli.out_dir``).
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
-import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from probtransformer._io import staged_directory
-from probtransformer.cli._common import PROG, CLIError, warn
 
 METRICS_FILE = "metrics.json"
 POSTERIOR_DIR = "posterior"
@@ -32,6 +33,20 @@ COMMON_FILES = (
 DIAGNOSTICS_VERSION = 1
 #: ``Posterior.diagnose``'s seed, as ``probtransformer diagnose`` uses it.
 DIAGNOSTICS_SEED = 0
+
+
+class RunWriteError(OSError):
+    """A run directory could not be written; the directory it was to replace is left as it was.
+
+    Attributes:
+        path: the run directory (absolute).
+        reason: the operating system's reason (``strerror``, else the error's text).
+    """
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"cannot write run directory {path}: {reason}")
+        self.path = path
+        self.reason = reason
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +118,7 @@ def read_run(run_dir: str | Path, *, device: str = "cpu") -> Run:
     if not isinstance(record, dict):
         raise ValueError(f"{run_dir / METRICS_FILE} must hold a JSON object")
     if "table" in record:  # checked once here: predict, serve and report encode with it
-        from probtransformer.datasets.tables import TableSchema
+        from probtransformer.data.table_schema import TableSchema
 
         try:
             TableSchema.from_dict(record["table"])
@@ -184,42 +199,6 @@ def diagnostic_rows(record: dict, train):
     return train if rows is None else train[:rows]
 
 
-def out_directory(out: str | None, default: Path, *, overwrite: bool = False) -> Path:
-    """The directory ``fit`` writes its run to, chosen before fitting; ``fit`` never deletes a
-    run it was not told to replace.
-
-    Args:
-        out: ``--out``, or None.
-        default: ``runs/<dataset>-<inference>``; when it holds a run and ``out`` is None, the
-            first free ``default-2``, ``default-3``, ... is chosen instead (said on stderr).
-        overwrite: ``--overwrite``: an ``out`` holding a run is replaced once the new run is
-            written (said on stderr).
-
-    Raises:
-        CLIError: ``out`` holds a run and ``overwrite`` is False, or ``check_out``'s errors.
-    """
-    if out is None:
-        target = default
-        if not overwrite and is_run_dir(target):
-            target = next_free(default)
-            print(
-                f"{PROG}: {default} holds an earlier run; this fit writes {target} "
-                f"(--out {default} --overwrite replaces it)",
-                file=sys.stderr,
-            )
-    else:
-        target = Path(out)
-        if is_run_dir(target) and not overwrite:
-            raise CLIError(
-                f"--out {target} holds an earlier run; give --overwrite to replace it, or "
-                "another --out"
-            )
-    check_out(target)
-    if is_run_dir(target):  # said before fitting: Ctrl-C now keeps it
-        warn(f"--out {target} holds an earlier run; this fit replaces it once it is written")
-    return target
-
-
 def next_free(default: Path) -> Path:
     """The first of ``default-2``, ``default-3``, ... that does not exist."""
     n = 2
@@ -230,40 +209,6 @@ def next_free(default: Path) -> Path:
     return candidate
 
 
-def check_out(target: Path) -> None:
-    """Fail before fitting when ``target`` cannot become the run directory.
-
-    Raises:
-        CLIError: ``target`` is a file, a non-empty directory that is not a run directory, or a
-            run directory holding other files (never replaced); or its nearest existing parent
-            is not a writable directory.
-    """
-    if target.exists() or target.is_symlink():
-        if not target.is_dir():
-            raise CLIError(f"--out {target} exists and is not a directory")
-        names = {p.name for p in target.iterdir()}
-        if names and not is_run_dir(target):
-            raise CLIError(
-                f"--out {target} exists and is not a {PROG} run directory; refusing to replace it"
-            )
-        others = sorted(names - set(run_files()))
-        if others:
-            raise CLIError(
-                f"--out {target} holds files that {PROG} did not write ({', '.join(others[:3])})"
-                "; move them or choose another --out"
-            )
-    ancestor = target.absolute().parent
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    unwritable = f"cannot create --out {target}: {ancestor} is not a writable directory"
-    if not ancestor.is_dir():
-        raise CLIError(unwritable)
-    try:  # tried rather than os.access, which says yes to root everywhere (/proc included)
-        tempfile.TemporaryDirectory(dir=ancestor, prefix=".probtransformer-probe-").cleanup()
-    except OSError as e:
-        raise CLIError(f"{unwritable} ({e})") from None
-
-
 def write_run(target: Path, post, splits, record: dict, draws: dict, task, evaluation) -> None:
     """Write every file of the run into a staging directory, then move it to ``target``.
 
@@ -272,7 +217,7 @@ def write_run(target: Path, post, splits, record: dict, draws: dict, task, evalu
     predictions ``evaluation`` already holds, ``diagnostics.json`` and ``metrics.json``.
 
     Raises:
-        CLIError: a file cannot be written (``target`` is left as it was).
+        RunWriteError: a file cannot be written (``target`` is left as it was).
     """
     from probtransformer import plots
 
@@ -297,7 +242,7 @@ def write_run(target: Path, post, splits, record: dict, draws: dict, task, evalu
             write_diagnostics(staging / DIAGNOSTICS_FILE, post, train, draws, idata)
             (staging / METRICS_FILE).write_text(json.dumps(record, indent=1) + "\n")
     except OSError as e:
-        raise CLIError(f"cannot write --out {target}: {e.strerror or e}") from e
+        raise RunWriteError(target, str(e.strerror or e)) from e
 
 
 def _json_nested(value):

@@ -1,4 +1,11 @@
-"""`SequenceData`, one split of a dataset as CPU tensors, and `DatasetSplits`, all splits of one."""
+"""`SequenceData`, one split of a dataset as CPU tensors, and `DatasetSplits`, all splits of one.
+
+Kept apart from the dataset registry (`probtransformer.datasets`, which re-exports both) so that
+inference, the tasks and the scikit-learn wrappers use them without loading any dataset's
+loader: `import probtransformer.inference` imports neither scikit-learn's dataset loaders nor
+sktime nor statsmodels. Reading a table (`SequenceData.from_pandas`, `from_csv`,
+`from_parquet`) imports `probtransformer.data.table_schema` / `table_files` when called.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +21,7 @@ import torch
 from probtransformer.validation import as_tensor, check_finite, is_int
 
 if TYPE_CHECKING:
-    from probtransformer.datasets.tables import TableSchema
+    from probtransformer.data.table_schema import TableSchema
 
 
 @dataclass(eq=False)
@@ -91,7 +98,7 @@ class SequenceData:
         source: str = "DataFrame",
     ) -> SequenceData:
         """One split from a DataFrame, long (``id`` and ``time`` given: a row per step) or
-        wide (a row per sequence); see ``datasets.tables``.
+        wide (a row per sequence); see ``data.table_schema``.
 
         Args:
             frame: the table.
@@ -109,7 +116,7 @@ class SequenceData:
                 time steps out of order or duplicated, mixed types: each names the column
                 and the row.
         """
-        from probtransformer.datasets.tables import TableSchema
+        from probtransformer.data.table_schema import TableSchema
 
         if not isinstance(frame, pd.DataFrame):
             raise TypeError(f"frame must be a pandas DataFrame, got {type(frame).__name__}")
@@ -124,9 +131,9 @@ class SequenceData:
 
     @classmethod
     def from_csv(cls, path: str | Path, **options: Any) -> SequenceData:
-        """``from_pandas`` of a CSV file (``datasets.tables.read_table``: refused above
+        """``from_pandas`` of a CSV file (``data.table_files.read_table``: refused above
         ``MAX_TABLE_BYTES``, empty files refused)."""
-        from probtransformer.datasets.tables import read_table
+        from probtransformer.data.table_files import read_table
 
         schema = options.get("schema")
         id_ = options.get("id") if schema is None else schema.id
@@ -136,7 +143,7 @@ class SequenceData:
     @classmethod
     def from_parquet(cls, path: str | Path, **options: Any) -> SequenceData:
         """``from_pandas`` of a Parquet file (needs ``pyarrow``)."""
-        from probtransformer.datasets.tables import read_table
+        from probtransformer.data.table_files import read_table
 
         path = _suffixed(path, ".parquet", ".pq")
         return cls.from_pandas(read_table(path), source=str(path), **options)

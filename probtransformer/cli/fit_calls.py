@@ -1,0 +1,152 @@
+"""The library calls behind ``probtransformer fit``: the model's options and each inference
+method's fit function (``fit_svi`` or its ``MAP_FITS`` function, ``fit_mcmc``, ``fit_mile``)
+called with the options that were set; unset ones keep the library defaults."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from probtransformer.cli._common import CLIError, given
+from probtransformer.cli.options import MAP_FITS
+
+
+def _sibling(target: Path, suffix: str) -> Path:
+    """``OUT<suffix>`` next to the run directory ``OUT`` (``--out .`` included)."""
+    target = target.absolute()
+    return target.with_name(target.name + suffix)
+
+
+def _model_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The model options that were set, with the attention priors of the --head-gates,
+    --stochastic-attention and --local-window flags."""
+    from probtransformer import priors
+
+    specs = []
+    if args.stochastic_attention:
+        specs.append(priors.StochasticAttentionPrior())
+    if args.local_window is not None:
+        specs.append(
+            priors.AttentionLogitPrior(priors.local_window(args.local_window, outside=0.01))
+        )
+    attention: dict[str, Any] = {}
+    if specs:
+        attention["attention_prior"] = (priors.LogitScalePrior(), *specs)
+    if args.head_gates:
+        attention["head_prior"] = priors.HeadGatePrior()
+    return given(
+        d_model=args.d_model,
+        num_heads=args.num_heads,
+        num_layers=args.num_layers,
+        d_ff=args.d_ff,
+        dropout=args.dropout,
+        bayesian=args.bayesian,
+        **attention,
+    )
+
+
+def _fit_svi(
+    model, train, args: argparse.Namespace, guide: str | None, target: Path, distributed: bool
+):
+    """svi: ``fit_svi``; map, mc-dropout, ensemble: their ``MAP_FITS`` function (fit_svi's
+    settings without ``guide``; ensemble: ``n_members`` too)."""
+    from probtransformer import inference
+    from probtransformer.inference.posterior.prediction import dropout_modules
+
+    if args.inference == "mc-dropout" and not dropout_modules(model):
+        raise CLIError(
+            "--inference mc-dropout needs dropout in the model: give --dropout P with 0 < P < 1 "
+            f"(this {type(model).__name__} has dropout {model.config.get('dropout')})"
+        )
+    if args.inference in MAP_FITS:
+        fit, specific = getattr(inference, MAP_FITS[args.inference]), dict(n_members=args.n_members)
+    else:
+        fit, specific = (
+            inference.fit_svi,
+            dict(guide=guide or args.guide, init_scale=args.init_scale),
+        )
+    checkpoint_dir = args.checkpoint_dir
+    if args.checkpoint_every is not None and checkpoint_dir is None:
+        checkpoint_dir = _sibling(target, ".checkpoint")
+    return fit(
+        model,
+        train,
+        seed=args.seed,
+        progress=args.progress,
+        **given(
+            **specific,
+            num_steps=args.num_steps,
+            batch_size=args.batch_size,
+            lr=args.lr,
+            lr_decay=args.lr_decay,
+            lr_warmup=args.lr_warmup,
+            lr_schedule=args.lr_schedule,
+            device=args.device,
+            checkpoint_every=args.checkpoint_every,
+            checkpoint_dir=checkpoint_dir,
+            resume_from=args.resume_from,
+            distributed=distributed or None,
+        ),
+    )
+
+
+def _fit_mcmc(model, train, args: argparse.Namespace, distributed: bool):
+    """``fit_mcmc`` with the MCMC options that were set (after the preset, only those that
+    apply to the kernel); its ValueErrors (e.g. --num-starts not dividing --num-chains) reach
+    the user as one line."""
+    from probtransformer.inference import fit_mcmc
+
+    return fit_mcmc(
+        model,
+        train,
+        seed=args.seed,
+        progress=args.progress,
+        **given(
+            kernel=args.kernel,
+            num_chains=args.num_chains,
+            num_starts=args.num_starts,
+            init=args.init,
+            num_warmup=args.num_warmup,
+            num_samples=args.num_draws,
+            target_accept_prob=args.target_accept_prob,
+            max_tree_depth=args.max_tree_depth,
+            trajectory_length=args.trajectory_length,
+            jit_compile=args.jit_compile,
+            compile=args.compile,
+            temperature=args.temperature,
+            map_steps=args.map_steps,
+            device=args.device,
+            distributed=distributed or None,
+        ),
+    )
+
+
+def _fit_mile(model, train, args: argparse.Namespace):
+    """``fit_mile``: the ensemble's settings are the SVI options (after the task's preset),
+    the sampling's the MCMC options that apply and ``MILE_OPTIONS``."""
+    from probtransformer.inference import fit_mile
+
+    return fit_mile(
+        model,
+        train,
+        seed=args.seed,
+        progress=args.progress,
+        **given(
+            n_members=args.n_members,
+            chains_per_member=args.chains_per_member,
+            kernel=args.kernel,
+            num_warmup=args.num_warmup,
+            num_samples=args.num_draws,
+            thinning=args.thinning,
+            temperature=args.temperature,
+            compile=args.compile,
+            device=args.device,
+            num_steps=args.num_steps,
+            batch_size=args.batch_size,
+            lr=args.lr,
+            lr_decay=args.lr_decay,
+            lr_warmup=args.lr_warmup,
+            lr_schedule=args.lr_schedule,
+        ),
+    )

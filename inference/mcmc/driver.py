@@ -15,7 +15,7 @@ import torch
 from pyro import poutine
 
 from probtransformer.attention import LOCAL_LATENT, BayesMultiheadAttention
-from probtransformer.datasets import SequenceData
+from probtransformer.data import SequenceData
 from probtransformer.inference._runtime import (
     pyro_scope,
     reinitialised_copy,

@@ -33,8 +33,24 @@ UNSET = dict(full_mass=False, jit_compile=False, temperature=1.0, max_tree_depth
 def from_strings(
     kernel: str, init: object = "prior", num_starts: object = None, **settings: object
 ) -> tuple[Kernel, Starts | None]:
-    """``(kernel, starts)`` objects of the string form's arguments (``settings``: those given,
-    None for unset), with a ``DeprecationWarning``.
+    """``settings_objects`` of the string form's arguments, with a ``DeprecationWarning``."""
+    cls = kernel_class(kernel)
+    warnings.warn(
+        f"fit_mcmc(kernel={kernel!r}, ...) is deprecated and will be removed in the next "
+        f"release: pass kernel={cls.__name__}(...) and, for the many-chain kernels, "
+        "starts=PriorStarts/MAPStarts/EnsembleStarts(...)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return settings_objects(kernel, init, num_starts, **settings)
+
+
+def settings_objects(
+    kernel: str, init: object = "prior", num_starts: object = None, **settings: object
+) -> tuple[Kernel, Starts | None]:
+    """``(kernel, starts)`` settings objects of the kernel's and the start's names and their
+    settings as keyword arguments (``settings``: those given, None for unset); the
+    scikit-learn wrappers' spelling, and the deprecated string form of ``fit_mcmc``.
 
     Raises:
         TypeError: an argument the string form never had.
@@ -46,13 +62,6 @@ def from_strings(
     if unknown:
         raise TypeError(f"fit_mcmc() got unexpected keyword arguments {unknown}")
     cls = kernel_class(kernel)
-    warnings.warn(
-        f"fit_mcmc(kernel={kernel!r}, ...) is deprecated and will be removed in the next "
-        f"release: pass kernel={cls.__name__}(...) and, for the many-chain kernels, "
-        "starts=PriorStarts/MAPStarts/EnsembleStarts(...)",
-        DeprecationWarning,
-        stacklevel=3,
-    )
     names = _field_names(cls)
     given = {
         k: v
@@ -89,4 +98,4 @@ def _field_names(cls: type) -> set[str]:
     return {f.name for f in fields(cls)}
 
 
-__all__ = ["SETTINGS", "from_strings"]
+__all__ = ["SETTINGS", "from_strings", "settings_objects"]

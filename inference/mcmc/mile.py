@@ -17,7 +17,7 @@ from dataclasses import fields
 
 import torch
 
-from probtransformer.datasets import SequenceData
+from probtransformer.data import SequenceData
 from probtransformer.inference.ensembles.baselines import fit_ensemble
 from probtransformer.inference.inputs import check_model, check_training_data
 from probtransformer.inference.mcmc.driver import fit_mcmc

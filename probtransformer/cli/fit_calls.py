@@ -5,6 +5,7 @@ called with the options that were set; unset ones keep the library defaults."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -92,34 +93,38 @@ def _fit_svi(
 
 
 def _fit_mcmc(model, train, args: argparse.Namespace, distributed: bool):
-    """``fit_mcmc`` with the MCMC options that were set (after the preset, only those that
-    apply to the kernel); its ValueErrors (e.g. --num-starts not dividing --num-chains) reach
-    the user as one line."""
+    """``fit_mcmc`` with the kernel's and the starts' settings objects built from the MCMC
+    options that were set (after the preset, only those that apply to the kernel); their
+    ValueErrors (e.g. --num-starts not dividing --num-chains) reach the user as one line."""
     from probtransformer.inference import fit_mcmc
+    from probtransformer.inference.mcmc.registry import KERNELS, MANY_CHAIN_KERNELS, STARTS
 
+    kernel = _settings_object(KERNELS[args.kernel], args)
+    starts = None
+    if args.kernel in MANY_CHAIN_KERNELS:
+        starts = _settings_object(STARTS[args.init or "prior"], args)
     return fit_mcmc(
         model,
         train,
+        kernel=kernel,
+        starts=starts,
         seed=args.seed,
         progress=args.progress,
         **given(
-            kernel=args.kernel,
             num_chains=args.num_chains,
-            num_starts=args.num_starts,
-            init=args.init,
             num_warmup=args.num_warmup,
             num_samples=args.num_draws,
-            target_accept_prob=args.target_accept_prob,
-            max_tree_depth=args.max_tree_depth,
-            trajectory_length=args.trajectory_length,
-            jit_compile=args.jit_compile,
-            compile=args.compile,
-            temperature=args.temperature,
             map_steps=args.map_steps,
             device=args.device,
             distributed=distributed or None,
         ),
     )
+
+
+def _settings_object(cls, args: argparse.Namespace):
+    """``cls`` (a kernel's or starts' settings) with the options of its fields that were set."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    return cls(**given(**{name: getattr(args, name, None) for name in names}))
 
 
 def _fit_mile(model, train, args: argparse.Namespace):

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from probtransformer.cli._common import PROG
-from probtransformer.cli.options import MANY_CHAIN_KERNELS
+from probtransformer.cli.library_defaults import KERNEL_DEFAULTS, MANY_CHAIN_KERNELS
 
 
 def _collapse_line(post, seed: int) -> str | None:
@@ -71,14 +71,8 @@ def _fit_settings(post) -> dict[str, Any]:
             ensemble_num_steps=ensemble["num_steps"],
             ensemble_seconds=record["ensemble_seconds"],
         )
-        if kernel == "mclmc":
-            settings["thinning"] = record["thinning"]
-    if kernel != "mclmc":  # unadjusted: no acceptance target
-        settings["target_accept_prob"] = record["target_accept_prob"]
-    if kernel == "nuts":
-        settings["max_tree_depth"] = record["max_tree_depth"]
-    elif kernel == "hmc":
-        settings["trajectory_length"] = record["trajectory_length"]
+    # the kernel's own settings as the run recorded them (those older runs lack: left out)
+    settings.update({k: record[k] for k in KERNEL_DEFAULTS.get(kernel, {}) if k in record})
     if kernel in MANY_CHAIN_KERNELS:
         settings.update(
             init=record["init"],
@@ -90,8 +84,6 @@ def _fit_settings(post) -> dict[str, Any]:
             # what warm-up adapted: step size, and ChEES's trajectory length or MCLMC's L
             **{key: value for key, value in record.items() if key.startswith("adapted_")},
         )
-    else:
-        settings["jit_compile"] = record["jit_compile"]
     return dict(
         **settings,
         partial=record["partial"],

@@ -13,9 +13,9 @@ from probtransformer.cli.options import (
     MCMC_OPTIONS,
     MILE_OPTIONS,
     UNSET_HELP,
-    UNSET_KERNEL_HELP,
     UNSET_MCMC_HELP,
     applies,
+    kernel_default,
     mcmc_preset,
     mile_preset,
 )
@@ -61,7 +61,7 @@ class LibraryDefaultsFormatter(argparse.HelpFormatter):
                 continue
             value = mcmc_preset(kernel).get(dest)
             if value is None:
-                shown = UNSET_KERNEL_HELP.get(dest, {}).get(kernel, self._library_default(dest))
+                shown = kernel_default(dest, kernel) or self._library_default(dest)
             else:
                 shown = help_value(value)
             groups.setdefault(str(shown), []).append(kernel)

@@ -9,6 +9,7 @@ probtransformer.cli.library_defaults && ruff format probtransformer/cli`` rewrit
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import pprint
 from pathlib import Path
@@ -46,14 +47,6 @@ DEFAULTS: dict[str, dict[str, str]] = {
         "num_chains": "4",
         "num_warmup": "200",
         "num_samples": "200",
-        "init": "prior",
-        "num_starts": "None",
-        "target_accept_prob": "None",
-        "max_tree_depth": "10",
-        "trajectory_length": "None",
-        "jit_compile": "False",
-        "compile": "None",
-        "temperature": "1.0",
         "map_steps": "1000",
         "device": "auto",
         "seed": "0",
@@ -138,6 +131,37 @@ DATASET_NAMES: tuple[str, ...] = (
 )
 #: ``block.BAYESIAN_PARTS``: every part of a model that can be latent.
 BAYESIAN_PARTS: tuple[str, ...] = ("embedding", "attention", "ffn", "norm", "head")
+#: ``{kernel: {setting: default}}`` of ``inference.mcmc.registry.KERNELS``: the choices of
+#: ``--kernel`` and the settings each kernel's object reads (scalar ones).
+KERNEL_DEFAULTS: dict[str, dict[str, str]] = {
+    "nuts": {
+        "jit_compile": "False",
+        "target_accept_prob": "0.8",
+        "max_tree_depth": "10",
+        "step_size": "1.0",
+        "full_mass": "False",
+    },
+    "hmc": {
+        "jit_compile": "False",
+        "target_accept_prob": "0.8",
+        "trajectory_length": "6.283185307179586",
+        "step_size": "1.0",
+        "full_mass": "False",
+    },
+    "chees": {
+        "temperature": "1.0",
+        "compile": "None",
+        "target_accept_prob": "0.651",
+        "step_size": "0.1",
+        "trajectory_length": "None",
+        "full_mass": "False",
+    },
+    "mclmc": {"temperature": "1.0", "compile": "None", "thinning": "None"},
+}
+#: The kernels that run K chains through the draw dim (``registry.MANY_CHAIN_KERNELS``).
+MANY_CHAIN_KERNELS: tuple[str, ...] = ("chees", "mclmc")
+#: ``inference.mcmc.registry.STARTS``: the choices of ``--init``.
+START_NAMES: tuple[str, ...] = ("prior", "map", "ensemble")
 # END generated
 
 
@@ -149,10 +173,19 @@ def help_value(value: object) -> str:
 
 
 def _parameter_defaults(function, names: set[str]) -> dict[str, str]:
-    return {
-        name: help_value(p.default)
+    return {  # a settings object (fit_mcmc's kernel) shows as its name
+        name: help_value(getattr(p.default, "name", p.default))
         for name, p in inspect.signature(function).parameters.items()
         if name in names and p.default is not inspect.Parameter.empty
+    }
+
+
+def _kernel_defaults(cls) -> dict[str, str]:
+    """A kernel's scalar settings and their defaults."""
+    return {
+        f.name: help_value(f.default)
+        for f in dataclasses.fields(cls)
+        if isinstance(f.default, str | int | float | bool | None)
     }
 
 
@@ -173,10 +206,12 @@ def _option_names() -> set[str]:
 
 def read_library() -> dict[str, Any]:
     """The tables of this module, read from the library (imports torch): ``{"DEFAULTS": ...,
-    "TASK_MODEL_DEFAULTS": ..., "DATASET_NAMES": ..., "BAYESIAN_PARTS": ...}``."""
+    "TASK_MODEL_DEFAULTS": ..., "DATASET_NAMES": ..., "BAYESIAN_PARTS": ..., "KERNEL_DEFAULTS":
+    ..., "MANY_CHAIN_KERNELS": ..., "START_NAMES": ...}``."""
     from probtransformer import datasets
     from probtransformer.block import BAYESIAN_PARTS as parts
     from probtransformer.cli.options import library_functions
+    from probtransformer.inference.mcmc import registry
     from probtransformer.tasks import TASKS
 
     names = _option_names()
@@ -191,6 +226,9 @@ def read_library() -> dict[str, Any]:
         },
         "DATASET_NAMES": tuple(datasets.available()["name"]),
         "BAYESIAN_PARTS": tuple(parts),
+        "KERNEL_DEFAULTS": {name: _kernel_defaults(cls) for name, cls in registry.KERNELS.items()},
+        "MANY_CHAIN_KERNELS": registry.MANY_CHAIN_KERNELS,
+        "START_NAMES": tuple(registry.STARTS),
     }
 
 

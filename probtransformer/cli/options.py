@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from probtransformer.cli._common import CLIError
+from probtransformer.cli.library_defaults import KERNEL_DEFAULTS, MANY_CHAIN_KERNELS, START_NAMES
 
 INFERENCES = ("svi", "map", "mcmc", "mile", "mc-dropout", "ensemble")
 #: None: the guide is --guide's (or fit_svi's); the baselines (and MILE's ensemble) are MAP
@@ -28,20 +29,18 @@ ENSEMBLE_OPTIONS = ("n_members",)  # fit_ensemble settings: ensemble and mile
 MILE_OPTIONS = ("chains_per_member", "thinning")
 #: The MCMC options that --inference mile takes too (for the sampling around each member)
 MILE_MCMC_OPTIONS = ("kernel", "num_warmup", "num_draws", "compile", "temperature")
-#: The kernels fit_mile runs (``inference.mcmc.mile.MILE_KERNELS``)
-MILE_KERNELS = ("mclmc", "chees")
 #: The inference methods that ``torchrun`` runs data-parallel: those built on ``fit_svi`` (and
 #: mcmc with a many-chain kernel, its chains sharded).
 DISTRIBUTED_INFERENCE = ("svi", "map", "mc-dropout")
 #: The MAP-based fits of ``probtransformer.inference.ensembles.baselines``, by --inference.
 MAP_FITS = {"map": "fit_map", "mc-dropout": "fit_mc_dropout", "ensemble": "fit_ensemble"}
-#: ``fit_mcmc``'s kernels (``inference.mcmc.settings.KERNELS``; named here so ``--help``
-#: imports no torch).
-KERNELS = ("nuts", "hmc", "chees", "mclmc")
-#: The kernels that run K chains together through the model's draw dim.
-MANY_CHAIN_KERNELS = ("chees", "mclmc")
-#: ``fit_mcmc(init=...)``: where the many-chain kernels start (``inference.mcmc.starts.INITS``).
-INITS = ("prior", "map", "ensemble")
+#: ``fit_mcmc``'s kernels (``inference.mcmc.registry.KERNELS``, through the generated
+#: ``library_defaults`` so that ``--help`` imports no torch).
+KERNELS = tuple(KERNEL_DEFAULTS)
+#: The kernels fit_mile runs: the many-chain ones.
+MILE_KERNELS = MANY_CHAIN_KERNELS
+#: ``--init``: where the many-chain kernels start (``inference.mcmc.registry.STARTS``).
+INITS = START_NAMES
 MCMC_OPTIONS = (  # fit_mcmc settings: mcmc only
     "kernel",
     "num_chains",
@@ -57,17 +56,16 @@ MCMC_OPTIONS = (  # fit_mcmc settings: mcmc only
     "temperature",
     "map_steps",
 )
-#: The MCMC options that apply to some kernels only: the kernels they apply to (as
-#: ``inference.mcmc.settings.KERNEL_SETTINGS``; named here so ``--help`` imports no torch).
+#: The MCMC options that apply to some kernels only: the kernels they apply to (the starts'
+#: to the many-chain kernels, a kernel setting to the kernels whose settings object has it).
 KERNEL_OPTIONS = {
     "num_starts": MANY_CHAIN_KERNELS,
     "init": MANY_CHAIN_KERNELS,
-    "target_accept_prob": ("nuts", "hmc", "chees"),  # MCLMC is unadjusted
-    "max_tree_depth": ("nuts",),
-    "trajectory_length": ("hmc", "chees"),  # ChEES: the initial one, then adapted
-    "jit_compile": ("nuts", "hmc"),
-    "compile": MANY_CHAIN_KERNELS,
-    "temperature": MANY_CHAIN_KERNELS,
+    **{
+        option: tuple(k for k, settings in KERNEL_DEFAULTS.items() if option in settings)
+        for option in MCMC_OPTIONS
+        if any(option in settings for settings in KERNEL_DEFAULTS.values())
+    },
 }
 #: CLI options named differently from the library parameter they set: (source, parameter).
 LIBRARY_NAMES = {"num_draws": ("mcmc", "num_samples")}
@@ -77,17 +75,23 @@ UNSET_HELP = {
     "threads": "1, or one per idle core for large models and batches (cli.threads)",
 }
 UNSET_MCMC_HELP = {"num_samples": "every kept draw"}
-#: How MCMC options whose library default is None (chosen per kernel) read in --help.
+#: How MCMC options whose kernel default is None (chosen while sampling) read in --help.
 UNSET_KERNEL_HELP = {
-    "target_accept_prob": {"nuts": "0.8", "hmc": "0.8", "chees": "0.651"},
-    "trajectory_length": {"chees": "10 leapfrog steps"},
-    "compile": {kernel: "where it repays" for kernel in MANY_CHAIN_KERNELS},
+    "trajectory_length": "10 leapfrog steps",  # ChEES's initial one, then adapted
+    "compile": "where it repays",
 }
 
 
 def applies(dest: str, kernel: str) -> bool:
     """Whether the MCMC option ``dest`` applies to ``kernel`` (``KERNEL_OPTIONS``)."""
     return kernel in KERNEL_OPTIONS.get(dest, KERNELS)
+
+
+def kernel_default(dest: str, kernel: str) -> str | None:
+    """What the kernel setting ``dest`` of ``kernel`` is when unset, as --help shows it (None:
+    not a kernel setting)."""
+    value = KERNEL_DEFAULTS[kernel].get(dest)
+    return UNSET_KERNEL_HELP.get(dest, value) if value == "None" else value
 
 
 def mcmc_preset(kernel: str = "chees") -> dict[str, Any]:

@@ -97,6 +97,18 @@ DOCSTRING_PARAMETERS = """
 """
 
 
+def _mcmc_objects(settings: dict[str, Any]) -> dict[str, Any]:
+    """``fit_mcmc``'s settings with the kernel's name and the kernel and start settings among
+    ``fit_options`` (``init``, ``target_accept_prob`` ...) made its settings objects."""
+    from probtransformer.inference.mcmc.legacy import SETTINGS, settings_objects
+
+    own = ("init", "num_starts", *SETTINGS)
+    settings = dict(settings)
+    named = {name: settings.pop(name) for name in own if name in settings}
+    settings["kernel"], settings["starts"] = settings_objects(settings["kernel"], **named)
+    return settings
+
+
 def check_choice(inference: object) -> str:
     if not isinstance(inference, str) or inference not in INFERENCES:
         raise ValueError(f"inference must be one of {tuple(INFERENCES)}, got {inference!r}")
@@ -264,6 +276,8 @@ class BayesianTransformer(BaseEstimator):
         if method == "svi":
             settings["init_scale"] = SVI_INIT_SCALE
         settings |= self.fit_options or {}
+        if method == "mcmc" and isinstance(settings["kernel"], str):
+            settings = _mcmc_objects(settings)
         self.posterior_ = getattr(fits, INFERENCES[method])(model, data, **settings)
         self._training_data = data
 

@@ -113,13 +113,7 @@ FORBIDDEN = {
 #: Imports that break a rule, each waiting for its owner's change (remove the entry with it):
 #: the MCMC driver and MILE still take SequenceData from the registry (issue 45 item 6; the
 #: MCMC rewrite changes those lines: ``from probtransformer.data import SequenceData``).
-KNOWN = {
-    "probtransformer.inference.mcmc.driver (inference) imports probtransformer.datasets",
-    "probtransformer.inference.mcmc.driver (inference) imports "
-    "probtransformer.datasets.SequenceData",
-    "probtransformer.inference.mcmc.mile (inference) imports probtransformer.datasets",
-    "probtransformer.inference.mcmc.mile (inference) imports probtransformer.datasets.SequenceData",
-}
+KNOWN: set[str] = set()
 
 
 def _module_name(path: Path) -> str:

@@ -6,6 +6,7 @@ predict tests.
 
 import argparse
 import contextlib
+import dataclasses
 import inspect
 import io
 import json
@@ -34,8 +35,6 @@ from probtransformer.inference import (
     load_posterior,
 )
 from probtransformer.inference.diagnostics._arviz import az
-from probtransformer.inference.mcmc import driver as mcmc_module
-from probtransformer.inference.mcmc import starts as many_chains
 from probtransformer.inference.mcmc.chees import CHEES_TARGET_ACCEPT
 from probtransformer.inference.mcmc.pyro_runner import RecordingNUTS
 from probtransformer.models import SequenceClassifier
@@ -401,16 +400,19 @@ def test_token_models_run_nuts_uncompiled_unless_told(given, jit):
 
 
 def test_cli_kernel_and_schedule_names_are_the_library_ones():
+    from probtransformer.inference.mcmc import registry
     from probtransformer.inference.vi import schedule
 
     assert options.LR_SCHEDULES == schedule.LR_SCHEDULES
-    assert options.KERNELS == mcmc_module.KERNELS
-    assert options.MANY_CHAIN_KERNELS == mcmc_module.MANY_CHAIN_KERNELS
-    assert options.INITS == many_chains.INITS
-    from probtransformer.inference.mcmc.settings import KERNEL_SETTINGS
-
-    for name in set(options.KERNEL_OPTIONS) & set(KERNEL_SETTINGS):  # the same kernels read them
-        assert options.KERNEL_OPTIONS[name] == KERNEL_SETTINGS[name], name
+    assert options.KERNELS == tuple(registry.KERNELS)
+    assert options.MANY_CHAIN_KERNELS == registry.MANY_CHAIN_KERNELS
+    assert options.INITS == tuple(registry.STARTS)
+    for name, kernels in options.KERNEL_OPTIONS.items():  # the kernels whose objects read them
+        if name not in ("init", "num_starts"):
+            fields = {
+                k: {f.name for f in dataclasses.fields(c)} for k, c in registry.KERNELS.items()
+            }
+            assert kernels == tuple(k for k in fields if name in fields[k]), name
 
 
 def test_mcmc_fit_metrics(mcmc_run, splits):
@@ -524,7 +526,8 @@ def test_chees_fit_takes_the_preset_kernel_and_init(chees_run):
         threads=1,
     )
     assert {key: record[key] for key in expected} == expected
-    assert {"jit_compile", "max_tree_depth", "trajectory_length"}.isdisjoint(record)
+    assert {"jit_compile", "max_tree_depth"}.isdisjoint(record)  # NUTS's, not ChEES's
+    assert record["trajectory_length"] is None  # ChEES's initial one: 10 leapfrog steps
     # every leapfrog step is one gradient of every chain
     assert record["chain_gradients"] > 0 and record["chain_gradients"] % CHEES_CHAINS == 0
     # ensemble starts adapt each superchain apart: one step size and length per start
@@ -591,7 +594,7 @@ def test_mile_fits_an_ensemble_then_chains_per_member(tmp_path, capsys):
     "inference, args, message",
     [
         ("mile", ["--num-chains", "4"], "--num-chains applies to --inference mcmc, not mile"),
-        ("mile", ["--kernel", "nuts"], "--inference mile runs --kernel mclmc or chees, not nuts"),
+        ("mile", ["--kernel", "nuts"], "--inference mile runs --kernel chees or mclmc, not nuts"),
         ("mile", ["--init", "prior"], "--init applies to --inference mcmc, not mile"),
         ("ensemble", ["--thinning", "5"], "--thinning applies to --inference mile, not ensemble"),
         ("map", ["--chains-per-member", "2"], "--chains-per-member applies to --inference mile"),

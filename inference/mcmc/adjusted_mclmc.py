@@ -99,7 +99,6 @@ class AdjustedMCLMC(ManyChainKernel):
     """
 
     name: ClassVar[str] = "adjusted-mclmc"
-    divergence_remedy: ClassVar[str] = "raise target_accept_prob or reparameterise"
 
     target_accept_prob: float = ADJUSTED_TARGET_ACCEPT
     step_size: float | None = None
@@ -205,24 +204,11 @@ class AdjustedMCLMCSampler(ManyChainSampler):
         gradients: chain-gradients evaluated so far.
     """
 
-    def __init__(
-        self,
-        density: LogDensity,
-        rng: ChainRNG,
-        settings: AdjustedMCLMC,
-        num_warmup: int,
-        *,
-        groups: torch.Tensor,
-        per_start: bool,
-    ) -> None:
-        self.density = density
-        self.rng = rng
-        self.settings = settings
-        self.num_warmup = num_warmup
-        self.starts = groups
-        self.per_start = per_start
-        self.gradients = 0
-        self.t = 0
+    def __init__(self, density: LogDensity, rng: ChainRNG, settings: AdjustedMCLMC,
+                 num_warmup: int, *, groups: torch.Tensor, per_start: bool) -> None:  # fmt: skip
+        self.density, self.rng, self.settings = density, rng, settings
+        self.num_warmup, self.starts, self.per_start = num_warmup, groups, per_start
+        self.gradients = self.t = 0
 
     # -- groups ---------------------------------------------------------------------------------
 
@@ -447,48 +433,35 @@ class AdjustedMCLMCSampler(ManyChainSampler):
 
 
 class _Moments:
-    """Each tuning group's variance of the positions, within start groups (chains from
-    different starts may sit in different modes): per-chain sums, reduced at the end."""
+    """Each tuning group's variance of the positions about each start's own mean (chains from
+    different starts may sit in different modes), from sums per start."""
 
     def __init__(self, starts: torch.Tensor, groups: torch.Tensor, num_groups: int, dim: int):
-        self.starts, self.groups, self.num_groups = starts.cpu(), groups.cpu(), num_groups
-        chains = len(starts)
-        self.total = torch.zeros(chains, dim, dtype=torch.float64)
+        self.starts, self.num_groups = starts.cpu(), num_groups
+        num_starts = int(self.starts.max()) + 1
+        self.group_of_start = torch.zeros(num_starts, dtype=torch.long)
+        self.group_of_start[self.starts] = groups.cpu()
+        self.total = torch.zeros(num_starts, dim, dtype=torch.float64)
         self.squares = torch.zeros_like(self.total)
-        self.weights = torch.zeros(chains, dtype=torch.float64)
+        self.weights = torch.zeros(num_starts, dtype=torch.float64)
 
     def add(self, z: torch.Tensor, finite: torch.Tensor) -> None:
-        w = finite.double().cpu()[:, None]
-        z = z.detach().double().cpu().nan_to_num(0.0)
-        self.total += w * z
-        self.squares += w * z * z
-        self.weights += w[:, 0]
+        """Add the positions ``z`` ``(K, D)`` of the chains whose step was ``finite`` ``(K,)``."""
+        w = finite.double().cpu()
+        z = w[:, None] * z.detach().double().cpu().nan_to_num(0.0)
+        self.total.index_add_(0, self.starts, z)
+        self.squares.index_add_(0, self.starts, z * z)
+        self.weights.index_add_(0, self.starts, w)
 
     def variance(self) -> torch.Tensor:
         """``(G, D)`` float64 variances (at least 1e-10; 1 where a group never moved)."""
-        out = torch.ones(self.num_groups, self.total.shape[1], dtype=torch.float64)
-        for g in range(self.num_groups):
-            rows = self.groups == g
-            weight = float(self.weights[rows].sum())
-            if weight <= 0:
-                continue
-            # per-start means: sum over starts of (start total)^2 / (start weight)
-            starts = self.starts[rows]
-            start_total = centered_totals(self.total[rows], self.weights[rows], starts)
-            squares = self.squares[rows].sum(0)
-            out[g] = ((squares - start_total) / weight).clamp_min(1e-10)
-        return out
-
-
-def centered_totals(total: torch.Tensor, weights: torch.Tensor, starts: torch.Tensor):
-    """``(D,)`` sum over starts of ``(sum of the start's chains' totals)² / (their weight)``:
-    what the sum of squares loses by centring each start's draws on their own mean."""
-    index = torch.unique(starts, return_inverse=True)[1]
-    count = int(index.max()) + 1
-    sums = total.new_zeros(count, total.shape[1]).index_add_(0, index, total)
-    w = weights.new_zeros(count).index_add_(0, index, weights)
-    used = w > 0
-    return (sums[used].square() / w[used, None]).sum(0)
+        deviation = self.squares - self.total.square() / self.weights.clamp_min(1.0)[:, None]
+        sums = deviation.new_zeros(self.num_groups, deviation.shape[1])
+        sums.index_add_(0, self.group_of_start, deviation)
+        weight = self.weights.new_zeros(self.num_groups).index_add_(0, self.group_of_start,
+                                                                     self.weights)  # fmt: skip
+        variance = (sums / weight.clamp_min(1.0)[:, None]).clamp_min(1e-10)
+        return torch.where(weight[:, None] > 0, variance, 1.0)
 
 
 def _ess_per_draw(draws: list[torch.Tensor], groups: torch.Tensor, num_groups: int):
@@ -497,8 +470,7 @@ def _ess_per_draw(draws: list[torch.Tensor], groups: torch.Tensor, num_groups: i
     from arviz_stats.base import array_stats
 
     x = torch.stack(draws, 1)  # (K, n, D)
-    dim = x.shape[2]
-    columns = torch.linspace(0, dim - 1, min(dim, ESS_COORDINATES)).long()
+    columns = torch.linspace(0, x.shape[2] - 1, min(x.shape[2], ESS_COORDINATES)).long()
     x = x[..., columns.to(x.device)].detach().double().cpu().numpy()
     groups = groups.cpu().numpy()
     out = []

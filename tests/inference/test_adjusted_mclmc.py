@@ -19,6 +19,7 @@ import xarray as xr
 from probtransformer.datasets import SequenceData
 from probtransformer.inference.mcmc.adjusted_mclmc import (
     AdjustedMCLMC,
+    _Moments,
     isokinetic_velocity,
     jitter_scale,
 )
@@ -211,6 +212,22 @@ def test_per_start_tuning_gives_each_start_its_own_step_size():
     assert 30 < L[0] / L[1] < 300, L
     assert stats["step_size"][:4].unique().numel() == 1
     assert float(draws[4:].std()) < 0.03 < float(draws[:4].std())
+
+
+def test_the_warmup_variance_is_taken_about_each_starts_own_mean():
+    """Two starts in modes at -10 and +10 tuned together: the variance that sets the
+    preconditioner is the spread within each mode (1), not the distance between them (100)."""
+    starts = torch.tensor([0, 0, 1, 1])
+    moments = _Moments(starts, torch.zeros(4, dtype=torch.long), 1, 2)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(2000):
+        z = torch.randn(4, 2, generator=g, dtype=torch.float64)
+        moments.add(z + 10 * (2 * starts[:, None] - 1), torch.tensor([True, True, True, False]))
+    assert moments.variance().shape == (1, 2)
+    assert torch.allclose(moments.variance(), torch.ones(1, 2, dtype=torch.float64), atol=0.1)
+    per_start = _Moments(starts, starts, 2, 2)
+    per_start.add(torch.zeros(4, 2, dtype=torch.float64), torch.tensor([True, True, False, False]))
+    assert per_start.variance()[1].tolist() == [1.0, 1.0]  # start 1 never moved
 
 
 def test_the_verdict_names_stuck_chains_and_a_low_acceptance():

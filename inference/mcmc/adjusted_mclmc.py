@@ -16,9 +16,10 @@ Warm-up follows BlackJAX's ``adjusted_mclmc_find_L_and_step_size`` (with its
 group's mean acceptance probability, ``L`` scaled with ε (the steps per proposal ``L / ε`` held);
 (2) fixed ε and L while the positions' variance is measured (within start groups: chains from
 different starts may sit in different modes); then ``L <- 1.3 sqrt(sum of the variances)`` (at
-most doubled, ε scaled alike) and, with ``diagonal_preconditioning``, the diagonal
-preconditioner σ = the sds; (3) dual averaging again; (4) ``L <- 0.4 L / (ESS per draw)`` from
-the bulk ESS of the phase's draws (at most doubled); (5) dual averaging of ε with L fixed.
+most doubled, ε scaled alike) or, with ``diagonal_preconditioning``, the preconditioner σ = the
+sds, ε searched afresh and ``L = sqrt(D)``; (3) dual averaging again, L fixed (ε at most
+``L / 1.1``); (4) ``L <- 0.4 L / (ESS per draw)`` from the bulk ESS of the phase's draws (at
+most doubled); (5) dual averaging of ε, L fixed.
 Differences from BlackJAX: the chains of a group share ε and L (their mean acceptance drives
 the dual averaging); the initial ε comes from a doubling/halving search (one integration step,
 the group's mean acceptance crossing the target) instead of ``0.25 sqrt(D)``; the trajectory's
@@ -378,7 +379,9 @@ class AdjustedMCLMCSampler(ManyChainSampler):
                 sds = variance.sqrt().to(self.groups.device)[self.groups]
                 self.sigma = sds.to(self.sigma.dtype)
                 self.step_max = torch.full_like(self.step_max, math.inf)  # a new metric
-        state = yield from self._dual_averaging(state, n3, track_L=True)
+                self._search_step_size(state)
+                self.L = torch.full_like(self.L, math.sqrt(state.z.shape[1]))
+        state = yield from self._dual_averaging(state, n3, track_L=False)
         draws = []
         for _ in range(n4):
             state = self._adapting(state, None, track_L=False, moments=None)

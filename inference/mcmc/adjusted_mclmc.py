@@ -120,6 +120,7 @@ class AdjustedMCLMC(ManyChainKernel):
     def sampler(
         self, density: LogDensity, rng: ChainRNG, *, num_warmup: int, groups, per_start: bool
     ) -> AdjustedMCLMCSampler:
+        check_int("num_warmup", num_warmup, minimum=0, type_error=True)
         return AdjustedMCLMCSampler(density, rng, self, num_warmup, groups=groups,
                                     per_start=per_start)  # fmt: skip
 
@@ -227,6 +228,8 @@ class AdjustedMCLMCSampler(ManyChainSampler):
 
     def init(self, z: torch.Tensor) -> ChainState:
         """The state at ``z`` ``(K, D)``; searches the initial step size unless given."""
+        if z.dim() != 2:
+            raise ValueError(f"z must be (K, D), one row per chain, got shape {tuple(z.shape)}")
         chains, dim = z.shape
         if dim < 2:
             raise ValueError(
@@ -234,9 +237,9 @@ class AdjustedMCLMCSampler(ManyChainSampler):
                 f"a sphere), got {dim}: use kernel ChEES or NUTS"
             )
         starts = self.starts
-        if starts is None or starts.shape != (chains,):
-            shown = None if starts is None else tuple(starts.shape)
-            raise ValueError(f"groups must be a ({chains},) long tensor, got {shown}")
+        if starts is None or starts.shape != (chains,) or starts.dtype != torch.long:
+            shown = None if starts is None else f"{tuple(starts.shape)} {starts.dtype}"
+            raise ValueError(f"groups must be a ({chains},) torch.long tensor, got {shown}")
         self.starts = starts.to(z.device)
         self.groups = self.starts if self.per_start else torch.zeros_like(self.starts)
         self.num_groups = int(self.groups.max()) + 1

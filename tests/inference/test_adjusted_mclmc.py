@@ -279,6 +279,28 @@ def test_a_one_dimensional_density_is_refused():
         sampler.init(torch.zeros(2, 1, dtype=torch.float64))
 
 
+def test_bad_sampler_inputs_are_refused_naming_what_arrived():
+    def sampler(groups, num_warmup=0):
+        rng = ChainRNG(0, 2, CPU)
+        return AdjustedMCLMC().sampler(
+            gaussian, rng, num_warmup=num_warmup, groups=groups, per_start=False
+        )
+
+    z = torch.zeros(2, 100, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"groups must be a \(2,\) torch.long tensor, got \(3,\)"):
+        sampler(torch.zeros(3, dtype=torch.long)).init(z)
+    with pytest.raises(ValueError, match=r"got \(2,\) torch.float32"):
+        sampler(torch.zeros(2)).init(z)
+    with pytest.raises(
+        ValueError, match=r"z must be \(K, D\), one row per chain, got shape \(100,\)"
+    ):
+        sampler(torch.zeros(2, dtype=torch.long)).init(z[0])
+    with pytest.raises(TypeError, match="num_warmup must be an int, got 1.5"):
+        sampler(torch.zeros(2, dtype=torch.long), num_warmup=1.5)
+    with pytest.raises(ValueError, match="num_warmup must be >= 0, got -1"):
+        sampler(torch.zeros(2, dtype=torch.long), num_warmup=-1)
+
+
 # -- (d) bad settings ---------------------------------------------------------------------------
 
 

@@ -197,8 +197,8 @@ class AdjustedMCLMCSampler(ManyChainSampler):
         per_start: each start's chains tune their own ε, L and preconditioner.
 
     Raises:
-        ValueError: (at ``init``) fewer than 2 unconstrained scalars (the isokinetic dynamics
-            need a sphere of dimension >= 1), or ``groups`` not ``(K,)``.
+        ValueError: (at ``init``) ``z`` not ``(K, D)``, fewer than 2 unconstrained scalars (the
+            velocity lives on a sphere), or ``groups`` not a ``(K,)`` long tensor.
 
     Attributes:
         step_size, L: ``(G,)`` float64 per tuning group.

@@ -1,8 +1,12 @@
 """Inference for Bayesian Transformers: fits that return one ``Posterior``."""
 
 from probtransformer.inference.ensembles.baselines import fit_ensemble, fit_map, fit_mc_dropout
+from probtransformer.inference.mcmc.chees import ChEES
 from probtransformer.inference.mcmc.driver import fit_mcmc
+from probtransformer.inference.mcmc.hmc import HMC, NUTS
+from probtransformer.inference.mcmc.mclmc import BLACKJAX_TUNING, MCLMC, MILE_TUNING, Tuning
 from probtransformer.inference.mcmc.mile import fit_mile
+from probtransformer.inference.mcmc.starts import EnsembleStarts, MAPStarts, PriorStarts
 from probtransformer.inference.posterior.draws import Draws
 from probtransformer.inference.posterior.posterior import Posterior
 from probtransformer.inference.posterior.results import (
@@ -21,14 +25,24 @@ from probtransformer.inference.vi.svi import (
 )
 
 __all__ = [
+    "BLACKJAX_TUNING",
+    "HMC",
+    "MCLMC",
+    "MILE_TUNING",
+    "NUTS",
+    "ChEES",
     "Draws",
+    "EnsembleStarts",
     "FORMAT_VERSION",
+    "MAPStarts",
     "NonFiniteELBOError",
     "Posterior",
     "PosteriorAttention",
+    "PriorStarts",
     "Prediction",
     "RegressionPrediction",
     "SVIState",
+    "Tuning",
     "fit_ensemble",
     "fit_map",
     "fit_mc_dropout",

@@ -43,7 +43,7 @@ import torch
 from probtransformer import metrics
 from probtransformer.block import BAYESIAN_PARTS
 from probtransformer.datasets import load
-from probtransformer.inference import fit_mcmc, fit_svi
+from probtransformer.inference import NUTS, fit_mcmc, fit_svi
 from probtransformer.inference.diagnostics.summary import format_table
 from probtransformer.models import SequenceClassifier
 
@@ -96,7 +96,9 @@ print(f"SVI: {SVI_STEPS} steps in {svi.record['seconds']:.1f} s")
 # %%
 sampler = dict(num_warmup=10, num_samples=10, max_tree_depth=3) if SMOKE else {}
 sampler = {"num_warmup": 100, "num_samples": 100, "max_tree_depth": 6, **sampler}
-nuts = fit_mcmc(model, train, num_chains=2, jit_compile=True, seed=0, progress=not SMOKE, **sampler)
+nuts = fit_mcmc(
+    model, train, kernel=NUTS(jit_compile=True), num_chains=2, seed=0, progress=not SMOKE, **sampler
+)
 chains, draws = nuts.samples["head.weight"].shape[:2]
 assert nuts.samples["head.weight"].shape == (chains, draws, C, 8)
 print(f"NUTS: {chains} chains x {draws} draws in {nuts.record['seconds']:.1f} s")

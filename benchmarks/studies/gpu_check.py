@@ -56,7 +56,7 @@ from benchmarks._pyro_gradients import count_gradients
 from probtransformer import metrics
 from probtransformer.block import BAYESIAN_PARTS
 from probtransformer.datasets import DatasetSplits, load
-from probtransformer.inference import Posterior, fit_mcmc, fit_svi
+from probtransformer.inference import NUTS, Posterior, fit_mcmc, fit_svi
 from probtransformer.models import SequenceClassifier
 
 RESULTS = Path(__file__).parents[1] / "results" / "gpu_check.md"
@@ -143,11 +143,10 @@ def run_device(device: torch.device, splits: DatasetSplits, sizes: dict) -> dict
             lambda: fit_mcmc(
                 small_model,
                 train,
+                kernel=NUTS(max_tree_depth=sizes["max_tree_depth"], jit_compile=True),
                 num_chains=1,
                 num_warmup=sizes["num_warmup"],
                 num_samples=sizes["num_draws"],
-                max_tree_depth=sizes["max_tree_depth"],
-                jit_compile=True,
                 device=device,
                 seed=SEED,
                 progress=False,

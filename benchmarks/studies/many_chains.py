@@ -55,7 +55,7 @@ from benchmarks.studies.nuts_vs_numpyro import (
     run_numpyro,
 )
 from probtransformer import metrics
-from probtransformer.inference import fit_mcmc
+from probtransformer.inference import ChEES, EnsembleStarts, fit_mcmc
 from probtransformer.inference.mcmc.density import VectorizedDensity
 from probtransformer.inference.mcmc.starts import prior_states
 from probtransformer.models import SequenceClassifier
@@ -121,17 +121,15 @@ def run_chees(
     post = fit_mcmc(
         model,
         train,
-        kernel="chees",
+        kernel=ChEES(compile=compile),
+        starts=EnsembleStarts(num_starts),
         num_chains=num_chains,
-        num_starts=num_starts,
-        init="ensemble",
         num_warmup=num_warmup,
         num_samples=num_samples,
         map_steps=500,
         device="cpu",
         seed=seed,
         progress=False,
-        compile=compile,
     )
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - start_cpu
     stats = post.record["sample_stats"]

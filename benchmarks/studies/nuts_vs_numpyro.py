@@ -67,7 +67,7 @@ from pyro.infer.mcmc.util import initialize_model
 
 from benchmarks._pyro_gradients import count_gradients
 from probtransformer.datasets import SequenceData, load
-from probtransformer.inference import fit_mcmc
+from probtransformer.inference import NUTS, fit_mcmc
 from probtransformer.models import SequenceClassifier
 
 #: The classifier under test: small enough for NUTS on 2 cores, every part latent.
@@ -241,12 +241,10 @@ def run_ours(
         post = fit_mcmc(
             model,
             train,
-            kernel="nuts",
+            kernel=NUTS(max_tree_depth=max_tree_depth, jit_compile=jit_compile),
             num_chains=num_chains,
             num_warmup=num_warmup,
             num_samples=num_samples,
-            max_tree_depth=max_tree_depth,
-            jit_compile=jit_compile,
             device="cpu",
             seed=seed,
             progress=False,

@@ -15,6 +15,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from pyro.infer.autoguide.initialization import init_to_uniform
+
 from probtransformer.inference.mcmc.kernel import (
     Flag,
     PyroKernel,
@@ -22,6 +24,7 @@ from probtransformer.inference.mcmc.kernel import (
     check_positive,
     check_probability,
 )
+from probtransformer.inference.mcmc.pyro_runner import RecordingHMC, RecordingNUTS
 from probtransformer.validation import check_int
 
 
@@ -30,10 +33,23 @@ class _PyroHMC(PyroKernel):
     """What NUTS and HMC share (see ``NUTS``)."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check_probability("target_accept_prob", self.target_accept_prob)
         check_positive("step_size", self.step_size)
         check_flag("full_mass", self.full_mass)
-        check_flag("jit_compile", self.jit_compile)
+
+    def _common(self) -> dict[str, Any]:
+        """Pyro's settings that NUTS and HMC share: windowed adaptation from uniform starts."""
+        return dict(
+            step_size=self.step_size,
+            adapt_step_size=True,
+            adapt_mass_matrix=True,
+            full_mass=self.full_mass,
+            target_accept_prob=self.target_accept_prob,
+            jit_compile=self.jit_compile,
+            ignore_jit_warnings=True,
+            init_strategy=init_to_uniform,
+        )
 
 
 @dataclass(frozen=True)
@@ -46,7 +62,7 @@ class NUTS(_PyroHMC):
             ``2**max_tree_depth - 1`` leapfrog steps, one gradient each.
         step_size: the initial step size (> 0), adapted during warm-up.
         full_mass: adapt a dense mass matrix instead of a diagonal one.
-        jit_compile: trace the potential energy with the PyTorch JIT.
+        jit_compile: trace the potential energy with the PyTorch JIT (keyword-only).
 
     Raises:
         TypeError/ValueError: on construction, naming the setting and what arrived.
@@ -58,11 +74,13 @@ class NUTS(_PyroHMC):
     max_tree_depth: int = 10
     step_size: float = 1.0
     full_mass: bool = False
-    jit_compile: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_int("max_tree_depth", self.max_tree_depth, type_error=True)
+
+    def pyro_kernel(self, model) -> RecordingNUTS:
+        return RecordingNUTS(model, max_tree_depth=self.max_tree_depth, **self._common())
 
     @classmethod
     def verdict_lines(cls, stats: Any, record: dict, flag: Flag) -> list[str]:
@@ -90,7 +108,7 @@ class HMC(_PyroHMC):
             ``trajectory_length / step_size`` and change as the step size adapts.
         step_size: the initial step size (> 0), adapted during warm-up.
         full_mass: adapt a dense mass matrix instead of a diagonal one.
-        jit_compile: trace the potential energy with the PyTorch JIT.
+        jit_compile: trace the potential energy with the PyTorch JIT (keyword-only).
 
     Raises:
         TypeError/ValueError: on construction, naming the setting and what arrived.
@@ -102,11 +120,13 @@ class HMC(_PyroHMC):
     trajectory_length: float = 2 * math.pi
     step_size: float = 1.0
     full_mass: bool = False
-    jit_compile: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_positive("trajectory_length", self.trajectory_length)
+
+    def pyro_kernel(self, model) -> RecordingHMC:
+        return RecordingHMC(model, trajectory_length=self.trajectory_length, **self._common())
 
 
 __all__ = ["HMC", "NUTS"]

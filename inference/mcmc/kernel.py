@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
 import numpy as np
@@ -100,9 +100,7 @@ def check_positive(name: str, value: object, *, none: bool = False) -> None:
     """
     if none and value is None:
         return
-    if isinstance(value, bool) or not (
-        isinstance(value, (int, float)) and 0 < value < math.inf
-    ):
+    if isinstance(value, bool) or not (isinstance(value, (int, float)) and 0 < value < math.inf):
         raise ValueError(f"{name} must be a finite number > 0, got {value_and_type(value)}")
 
 
@@ -148,6 +146,16 @@ class Kernel(ABC):
         return dict(kernel=self.name, **asdict(self))
 
     @classmethod
+    def from_record(cls, record: dict[str, Any]) -> Kernel:
+        """The settings a run recorded (``record``), to fit again; settings the record lacks
+        (runs saved by older versions) take their defaults.
+
+        Raises:
+            TypeError/ValueError: a recorded value this kernel refuses.
+        """
+        return cls(**{f.name: record[f.name] for f in fields(cls) if f.name in record})
+
+    @classmethod
     def verdict_lines(cls, stats: Any, record: dict, flag: Flag) -> list[str]:
         """This kernel's own verdict lines from its ``sample_stats`` (an xarray Dataset with
         ``(chain, draw)`` variables) and the run's ``record``; none by default."""
@@ -156,7 +164,21 @@ class Kernel(ABC):
 
 @dataclass(frozen=True)
 class PyroKernel(Kernel):
-    """A kernel that Pyro runs (chains as processes; ``mcmc.pyro_runner``)."""
+    """A kernel that Pyro runs (chains as processes; ``mcmc.pyro_runner``).
+
+    Attributes:
+        jit_compile: trace the potential energy with the PyTorch JIT.
+    """
+
+    jit_compile: bool = field(default=False, kw_only=True)
+
+    def __post_init__(self) -> None:
+        check_flag("jit_compile", self.jit_compile)
+
+    @abstractmethod
+    def pyro_kernel(self, model: Callable) -> Any:
+        """Pyro's kernel (a ``pyro.infer.mcmc.MCMCKernel`` that records per-draw statistics)
+        on ``model``, with these settings."""
 
 
 @dataclass(frozen=True)

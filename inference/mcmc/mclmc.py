@@ -15,80 +15,136 @@ preconditioner, and its statistics are pooled over its chains only.
 from __future__ import annotations
 
 import math
+import warnings
+from collections.abc import Generator
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
-import numpy as np
 import torch
 
-from probtransformer.inference.mcmc.kernel import ChainRNG, ChainState
-
-#: The most coordinates whose ESS sets L (BlackJAX's ``fft_params_limit``): evenly spaced ones
-#: of a larger state.
-ESS_COORDINATES = 2000
-
-#: The step size grows at most this factor per tuning step. BlackJAX's running estimate has no
-#: such cap; from a mode (an ensemble member) the first steps' energy errors are near zero and
-#: the estimate jumps twentyfold, throwing the chain far from the mode before it shrinks again.
-MAX_GROWTH = 2.0
+from probtransformer.inference.mcmc.kernel import (
+    MAX_ENERGY_ERROR,
+    ChainRNG,
+    ChainState,
+    Flag,
+    LogDensity,
+    ManyChainKernel,
+    ManyChainSampler,
+)
+from probtransformer.inference.mcmc.mclmc_adaptation import (
+    BLACKJAX_TUNING,
+    MILE_TUNING,
+    Moments,
+    StepSizeAdaptation,
+    Tuning,
+    steps_per_effective_draw,
+)
+from probtransformer.validation import check_int, value_and_type
 
 #: Steps from the starting state whose energy error chooses the initial step size.
 PROBE_STEPS = 3
 
-#: A step size that gives a non-finite step is capped at this fraction of itself (MILE's NaN
-#: back-off).
-BACKOFF = 0.8
+#: Most integrator steps per kept draw when ``thinning`` is not given.
+MAX_STEPS_PER_DRAW = 256
+
+#: Tuning takes at least this many integrator steps (three phases of at least ten).
+MIN_TUNING_STEPS = 30
+
+#: The energy-error variance per dimension above this many times its tuning target flags the
+#: step-size bias in ``diagnose``.
+ENERGY_VAR_RATIO = 10
 
 
 @dataclass(frozen=True)
-class Tuning:
-    """How ``MCLMC.tune`` tunes (BlackJAX's and MILE's settings).
+class MCLMC(ManyChainKernel):
+    """MCLMC's settings (see the module docstring), ``fit_mcmc(kernel=MCLMC(...))``.
+
+    ``num_warmup`` counts tuning integrator steps (at least ``MIN_TUNING_STEPS``); each kept
+    draw is ``thinning`` integrator steps.
 
     Attributes:
-        desired_energy_var: the target variance of the energy error per dimension and step,
-            ``(start, end)``: it decays linearly from ``start`` to ``end`` over the first two
-            phases (BlackJAX: 5e-4 throughout; MILE: 0.5 to 0.1, larger steps and more bias).
-        phases: shares of the tuning steps of (1) the step size, (2) the step size and the
-            positions' variance (the preconditioner, or L), (3) L from the ESS (BlackJAX 0.4,
-            0.3, 0.3 by default in this library; MILE 0.8, 0.1, 0.1).
-        diagonal_preconditioning: scale each coordinate by its sd from phase 2 (``L =
-            sqrt(D)`` then), or keep the identity and set ``L`` from the variances (MILE).
-        trust_in_estimate: how far a step's energy error may be from the target before it
-            counts less (BlackJAX's weight ``exp(-0.5 (log ξ / (6 trust))^2)``).
-        num_effective_samples: the memory of the step size's running average, in steps.
-        L_factor: ``L = L_factor * step size * mean(steps / ESS)`` in phase 3 (0.4).
+        tuning: how the step size, L and the preconditioner are tuned (``Tuning``; BlackJAX's
+            by default, ``MILE_TUNING`` for MILE's larger energy error).
+        thinning: integrator steps per kept draw (>= 1; None: ``ceil(L / step size)`` of the
+            slowest tuning group, at most ``MAX_STEPS_PER_DRAW``).
+        temperature, compile: ``ManyChainKernel``'s.
+
+    Raises:
+        TypeError/ValueError: on construction, naming the setting and what arrived.
     """
 
-    desired_energy_var: tuple[float, float] = (5e-4, 5e-4)
-    phases: tuple[float, float, float] = (0.4, 0.3, 0.3)
-    diagonal_preconditioning: bool = True
-    trust_in_estimate: float = 1.5
-    num_effective_samples: int = 150
-    L_factor: float = 0.4
+    name: ClassVar[str] = "mclmc"
+    min_warmup: ClassVar[int] = 0  # tuning takes max(MIN_TUNING_STEPS, num_warmup) steps
+    #: unadjusted, a divergence is an energy-error blow-up, not a rejected proposal
+    divergence_remedy: ClassVar[str] = (
+        "lower Tuning.desired_energy_var (a smaller step) or reparameterise"
+    )
+
+    tuning: Tuning = BLACKJAX_TUNING
+    thinning: int | None = None
 
     def __post_init__(self) -> None:
-        start, end = self.desired_energy_var
-        if not (0 < start < math.inf and 0 < end < math.inf):
-            raise ValueError(
-                f"desired_energy_var must be (start, end), each a finite number > 0, got "
-                f"{self.desired_energy_var!r}"
+        super().__post_init__()
+        if not isinstance(self.tuning, Tuning):
+            raise TypeError(f"tuning must be an mclmc.Tuning, got {value_and_type(self.tuning)}")
+        if self.thinning is not None:
+            check_int("thinning", self.thinning, type_error=True)
+
+    def record(self) -> dict[str, Any]:
+        out = super().record()  # JSON has lists, not tuples
+        out["tuning"] = {
+            k: list(v) if isinstance(v, tuple) else v for k, v in out["tuning"].items()
+        }
+        return out
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> MCLMC:
+        tuning = record.get("tuning")
+        if isinstance(tuning, dict):  # as ``record`` wrote it
+            tuning = Tuning(
+                **{k: tuple(v) if isinstance(v, list) else v for k, v in tuning.items()}
             )
-        if len(self.phases) != 3 or min(self.phases) < 0 or not 0 < sum(self.phases) <= 1:
-            raise ValueError(
-                f"phases must be three shares >= 0 of the tuning steps summing to at most 1, got "
-                f"{self.phases!r}"
+            record = {**record, "tuning": tuning}
+        return super().from_record(record)
+
+    def sampler(
+        self, density: LogDensity, rng: ChainRNG, *, num_warmup: int, groups, per_start: bool
+    ) -> MCLMCSampler:
+        return MCLMCSampler(
+            density,
+            rng,
+            groups=groups if per_start else None,
+            tuning=self.tuning,
+            tune_steps=self.warmup_steps(num_warmup),
+            thinning=self.thinning,
+        )
+
+    def warmup_steps(self, num_warmup: int) -> int:
+        return max(MIN_TUNING_STEPS, num_warmup)
+
+    @classmethod
+    def verdict_lines(cls, stats: Any, record: dict, flag: Flag) -> list[str]:
+        """The energy-error variance per dimension against ``ENERGY_VAR_RATIO`` times its
+        tuning target (the step-size bias grows with it), worst tuning group shown."""
+        energy_var = record.get("energy_error_var_per_dim")
+        if energy_var is None:
+            return []
+        by_start = record.get("energy_error_var_per_dim_by_start") or [energy_var]
+        worst = max((v for v in by_start if not math.isnan(v)), default=math.nan)
+        target = (record.get("adapted_desired_energy_var") or [5e-4])[-1]
+        limit = ENERGY_VAR_RATIO * target
+        return [
+            flag(
+                not worst <= limit,
+                f"MCLMC is unadjusted: energy-error variance per dimension {energy_var:.2g}"
+                + (f" (worst member {worst:.2g})" if len(by_start) > 1 else "")
+                + f" (tuned towards {target:g}; flag > {limit:g}: the step-size bias grows "
+                "with it)",
             )
+        ]
 
 
-#: BlackJAX's tuning, the default: a small energy error (little bias), a diagonal preconditioner.
-BLACKJAX_TUNING = Tuning()
-
-#: MILE's tuning (its public configs: energy variance 0.5 -> 0.1, phases 0.8 / 0.1 / 0.1, no
-#: preconditioner).
-MILE_TUNING = Tuning(desired_energy_var=(0.5, 0.1), phases=(0.8, 0.1, 0.1),
-                     diagonal_preconditioning=False, num_effective_samples=100)  # fmt: skip
-
-
-class MCLMC:
+class MCLMCSampler(ManyChainSampler):
     """Unadjusted microcanonical Langevin Monte Carlo over K chains (see the module docstring).
 
     The dynamics use a unit velocity ``u`` in the preconditioned space ``z = σ ⊙ y`` (isokinetic
@@ -116,6 +172,8 @@ class MCLMC:
         rng: the chains' random streams.
         groups: ``(K,)`` group index of each chain, 0 .. G - 1 (None: one group).
         tuning: ``Tuning`` (BlackJAX's settings by default).
+        tune_steps: integrator steps of ``warmup`` (>= ``MIN_TUNING_STEPS``).
+        thinning: integrator steps per ``sample`` (None: see ``MCLMC``).
 
     Attributes:
         step_size, L: ``(G,)`` float64, per group (after ``tune``).
@@ -129,14 +187,80 @@ class MCLMC:
         *,
         groups: torch.Tensor | None = None,
         tuning: Tuning = BLACKJAX_TUNING,
+        tune_steps: int = MIN_TUNING_STEPS,
+        thinning: int | None = None,
     ) -> None:
         self.density = density
         self.rng = rng
         self.groups = groups
         self.tuning = tuning
+        self.tune_steps = tune_steps
+        self.thinning = thinning
         self.gradients = 0
 
-    def init(self, z: torch.Tensor) -> tuple[ChainState, torch.Tensor]:
+    # -- the many-chain sampler interface -------------------------------------------------------
+
+    def init(self, z: torch.Tensor) -> MCLMCState:
+        """The state at ``z`` ``(K, D)`` with unit velocities ``u`` ``(K, D)``."""
+        state, u = self.start(z)
+        return MCLMCState(state.z, state.lp, state.grad, u)
+
+    def warmup(self, state: MCLMCState) -> Generator[None, None, MCLMCState]:
+        """Tune in ``tune_steps`` integrator steps, yielding after each."""
+        chain, u = yield from self.tuning_steps(state, state.u, self.tune_steps)
+        if self.thinning is None:
+            slowest = float((self.L / self.step_size).max())
+            self.thinning = min(MAX_STEPS_PER_DRAW, max(1, math.ceil(slowest)))
+        return MCLMCState(chain.z, chain.lp, chain.grad, u)
+
+    def sample(self, state: MCLMCState) -> tuple[MCLMCState, dict[str, torch.Tensor]]:
+        """``thinning`` integrator steps; a step whose energy error is not finite or above
+        ``MAX_ENERGY_ERROR`` nats (Stan's and Pyro's threshold for HMC) is divergent:
+        unadjusted, MCLMC keeps such a jump. ``energy_error`` is the RMS per step, nats."""
+        u, errors = state.u, []
+        for _ in range(self.thinning):
+            state, u, energy_change = self.step(state, u)
+            errors.append(energy_change)
+        errors = torch.stack(errors)
+        state = MCLMCState(state.z, state.lp, state.grad, u)
+        return state, dict(
+            diverging=~(errors.abs() <= MAX_ENERGY_ERROR).all(0),
+            step_size=self._chains(self.step_size).squeeze(1),
+            n_steps=torch.full_like(state.lp, self.thinning),
+            energy_error=errors.square().mean(0).sqrt(),
+            lp=state.lp,
+        )
+
+    def adapted(self) -> dict:
+        """The tuned step size and L (floats; lists, one per group, for several groups) and
+        how they were tuned (for the record)."""
+
+        def shown(values: torch.Tensor):
+            return values.tolist() if len(values) > 1 else float(values[0])
+
+        return dict(
+            step_size=shown(self.step_size),
+            L=shown(self.L),
+            desired_energy_var=list(self.tuning.desired_energy_var),
+            tuning_phases=list(self.tuning.phases),
+            diagonal_preconditioning=self.tuning.diagonal_preconditioning,
+        )
+
+    def record(self, stats: dict[str, list[torch.Tensor]], dim: int) -> dict[str, Any]:
+        """``unadjusted``, ``thinning`` and the energy-error variance per dimension, overall
+        and per tuning group (NaN steps, kept states, left out)."""
+        errors = stats["energy_error"]
+        groups = self.groups.cpu()
+        return dict(
+            unadjusted=True,
+            thinning=self.thinning,
+            energy_error_var_per_dim=_energy_var(errors, dim),
+            energy_error_var_per_dim_by_start=[
+                _energy_var([e[groups == g] for e in errors], dim) for g in range(self.num_groups)
+            ],
+        )
+
+    def start(self, z: torch.Tensor) -> tuple[ChainState, torch.Tensor]:
         """The state at ``z`` ``(K, D)`` and unit velocities ``(K, D)``."""
         lp, grad = self.density(z)
         chains, d = z.shape
@@ -218,7 +342,7 @@ class MCLMC:
                 return done.value
 
     def tuning_steps(self, state: ChainState, u: torch.Tensor, tune_steps: int):
-        """``tune`` as a generator: yields ``(None, None)`` after each tuning step (for a
+        """``tune`` as a generator: yields None after each tuning step (for a
         progress bar), and returns ``(state, u)``."""
         tuning = self.tuning
         share1, share2, share3 = tuning.phases
@@ -226,14 +350,14 @@ class MCLMC:
         n2 = max(10, int(share2 * tune_steps))
         n3 = max(10, int(share3 * tune_steps))
         state, u = self._initial_step_size(state, u)
-        adapt = _StepSizeAdaptation(self, n1 + n2 + 1)
+        adapt = StepSizeAdaptation(self, n1 + n2 + 1)
         for _ in range(n1):
             state, u = adapt.step(state, u)
-            yield None, None
-        moments = _Moments(self)
+            yield
+        moments = Moments(self)
         for _ in range(n2):
             state, u = adapt.step(state, u, moments)
-            yield None, None
+            yield
         variance = moments.variance()  # (G, D)
         if tuning.diagonal_preconditioning:
             self.sigma = variance.sqrt()[self.groups.cpu()].to(self.sigma)
@@ -247,8 +371,12 @@ class MCLMC:
         for _ in range(n3):
             state, u, _ = self.step(state, u)
             draws.append(state.z)
-            yield None, None
-        self.L = tuning.L_factor * self.step_size * self._steps_per_effective_draw(draws)
+            yield
+        self.L = (
+            tuning.L_factor
+            * self.step_size
+            * steps_per_effective_draw(draws, self.groups, self.num_groups)
+        )
         return state, u
 
     def _initial_step_size(self, state, u):
@@ -277,112 +405,22 @@ class MCLMC:
             doubled |= growing
         return state, u
 
-    def _steps_per_effective_draw(self, draws: list[torch.Tensor]) -> torch.Tensor:
-        """``(G,)`` mean over (up to ``ESS_COORDINATES``) coordinates of draws per bulk ESS,
-        each group's chains pooled (arviz-stats)."""
-        from arviz_stats.base import array_stats
 
-        x = torch.stack(draws, 1)  # (K, n, D)
-        columns = torch.linspace(0, self.dim - 1, min(self.dim, ESS_COORDINATES)).long()
-        x = x[..., columns.to(x.device)].detach().double().cpu().numpy()
-        groups = self.groups.cpu().numpy()
-        out = []
-        for g in range(self.num_groups):
-            values = x[groups == g]  # (chains, n, coordinates)
-            ess = array_stats.ess(np.moveaxis(values, -1, 0), chain_axis=-2, draw_axis=-1)
-            ess = ess[np.isfinite(ess) & (ess > 0)]
-            draws_total = values.shape[0] * values.shape[1]
-            out.append(float(np.mean(draws_total / ess)) if ess.size else float(draws_total))
-        return torch.tensor(out, dtype=torch.float64)
+@dataclass
+class MCLMCState(ChainState):
+    """``ChainState`` with the chains' unit velocities ``u`` ``(K, D)``."""
 
-    def settings(self) -> dict:
-        """The tuned step size and L (floats; lists, one per group, for several groups) and
-        how they were tuned (for the record)."""
-
-        def shown(values: torch.Tensor):
-            return values.tolist() if len(values) > 1 else float(values[0])
-
-        return dict(
-            step_size=shown(self.step_size),
-            L=shown(self.L),
-            desired_energy_var=list(self.tuning.desired_energy_var),
-            tuning_phases=list(self.tuning.phases),
-            diagonal_preconditioning=self.tuning.diagonal_preconditioning,
-        )
+    u: torch.Tensor
 
 
-class _StepSizeAdaptation:
-    """BlackJAX's running estimate of each group's step size from ``Var[E] ∝ ε^6``, with a
-    target that decays linearly over ``total`` steps and MILE's NaN back-off."""
-
-    def __init__(self, sampler: MCLMC, total: int) -> None:
-        self.sampler = sampler
-        self.total = total
-        self.decay = (sampler.tuning.num_effective_samples - 1.0) / (
-            sampler.tuning.num_effective_samples + 1.0
-        )
-        self.t = 0
-        self.reset()
-
-    def reset(self) -> None:
-        """Forget the running estimate and the cap (the preconditioner changed the scale)."""
-        self.x_average = torch.zeros(self.sampler.num_groups, dtype=torch.float64)
-        self.weight = torch.zeros_like(self.x_average)
-        self.largest = torch.full_like(self.x_average, math.inf)
-
-    def step(self, state, u, moments: _Moments | None = None):
-        s = self.sampler
-        start, end = s.tuning.desired_energy_var
-        target = start - (start - end) * min(self.t / self.total, 1.0)
-        self.t += 1
-        eps = s.step_size
-        new, u_new, energy_change = s.step(state, u)
-        bad = ~torch.isfinite(energy_change)
-        failed = s._group_sum(bad.double()) > 0
-        self.largest = torch.where(failed, torch.minimum(self.largest, BACKOFF * eps), self.largest)
-        # float64: xi / step_size**6 overflows float32 for badly scaled posteriors
-        xi = energy_change.nan_to_num(0.0).double().square() / (s.dim * target) + 1e-8
-        w = torch.exp(-0.5 * (xi.log() / (6.0 * s.tuning.trust_in_estimate)).square())
-        w = torch.where(bad, torch.zeros_like(w), w)
-        self.x_average = self.decay * self.x_average + s._group_sum(w * xi) / eps**6
-        self.weight = self.decay * self.weight + s._group_sum(w)
-        estimate = (self.x_average / self.weight.clamp_min(1e-300)) ** (-1 / 6)
-        estimate = torch.where(self.weight > 0, estimate, eps)
-        s.step_size = torch.minimum(torch.minimum(estimate, MAX_GROWTH * eps), self.largest)
-        if not torch.isfinite(s.step_size).all() or (s.step_size <= 0).any():
-            raise ValueError(
-                "MCLMC's step-size tuning collapsed (energy errors too large at every step size "
-                "tried): the posterior is badly scaled; standardise the inputs, or use "
-                "kernel='chees'"
-            )
-        if moments is not None:
-            moments.add(new.z, (~bad).double() * s._chains(eps).squeeze(1).double())
-        return new, u_new
+def _energy_var(errors: list[torch.Tensor], dim: int) -> float:
+    """Mean square energy error of one integrator step, per dimension, of per-draw ``(K,)``
+    RMS errors; NaN steps (kept states) left out."""
+    errors = torch.stack(errors).double()
+    errors = errors[torch.isfinite(errors)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return float(errors.square().mean() / dim) if errors.numel() else math.nan
 
 
-class _Moments:
-    """Each group's step-size-weighted mean and mean square of the positions (phase 2)."""
-
-    def __init__(self, sampler: MCLMC) -> None:
-        self.sampler = sampler
-        self.total = torch.zeros(sampler.num_groups, sampler.dim, dtype=torch.float64)
-        self.squares = torch.zeros_like(self.total)
-        self.weights = torch.zeros(sampler.num_groups, dtype=torch.float64)
-
-    def add(self, z: torch.Tensor, weights: torch.Tensor) -> None:
-        groups = self.sampler.groups.cpu()
-        z, weights = z.detach().double().cpu(), weights.cpu()
-        self.total.index_add_(0, groups, weights[:, None] * z)
-        self.squares.index_add_(0, groups, weights[:, None] * z * z)
-        self.weights.index_add_(0, groups, weights)
-
-    def variance(self) -> torch.Tensor:
-        """``(G, D)`` variances, at least 1e-8 (every coordinate of a group that never moved: 1)."""
-        weights = self.weights[:, None]
-        moved = weights > 0
-        mean = self.total / weights.clamp_min(1e-300)
-        variance = self.squares / weights.clamp_min(1e-300) - mean.square()
-        return torch.where(moved, variance, torch.ones_like(variance)).clamp_min(1e-8)
-
-
-__all__ = ["BLACKJAX_TUNING", "MCLMC", "MILE_TUNING", "Tuning"]
+__all__ = ["BLACKJAX_TUNING", "MCLMC", "MILE_TUNING", "MCLMCSampler", "MCLMCState", "Tuning"]

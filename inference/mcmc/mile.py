@@ -12,27 +12,21 @@ reports the spread between the modes apart (``inference.diagnostics.modes``).
 
 from __future__ import annotations
 
-import copy
 import time
+from dataclasses import fields
 
 import torch
 
 from probtransformer.datasets import SequenceData
-from probtransformer.inference._runtime import seeded
 from probtransformer.inference.ensembles.baselines import fit_ensemble
-from probtransformer.inference.inputs import check_model, check_training_data, example_of
-from probtransformer.inference.mcmc.chees import CHEES_TARGET_ACCEPT
-from probtransformer.inference.mcmc.compiled import CompiledPass, check_compile
-from probtransformer.inference.mcmc.density import VectorizedDensity
-from probtransformer.inference.mcmc.many_chain_runner import KernelSettings, sample_chains
+from probtransformer.inference.inputs import check_model, check_training_data
+from probtransformer.inference.mcmc.driver import fit_mcmc
+from probtransformer.inference.mcmc.kernel import ManyChainKernel
 from probtransformer.inference.mcmc.mclmc import MILE_TUNING, Tuning
-from probtransformer.inference.mcmc.settings import check_temperature
-from probtransformer.inference.mcmc.starts import check_memory
+from probtransformer.inference.mcmc.registry import MANY_CHAIN_KERNELS, kernel_class
+from probtransformer.inference.mcmc.starts import EnsembleStarts
 from probtransformer.inference.posterior.posterior import Posterior
 from probtransformer.validation import check_int
-
-#: The kernels ``fit_mile`` runs per member.
-MILE_KERNELS = ("mclmc", "chees")
 
 
 def fit_mile(
@@ -42,7 +36,7 @@ def fit_mile(
     n_members: int = 8,
     chains_per_member: int = 2,
     ensemble: Posterior | None = None,
-    kernel: str = "mclmc",
+    kernel: str | ManyChainKernel = "mclmc",
     num_warmup: int = 1000,
     num_samples: int = 100,
     thinning: int = 10,
@@ -85,7 +79,9 @@ def fit_mile(
             chains; 1 is MILE's, judged by split R-hat).
         ensemble: a ``fit_ensemble`` posterior of this model and data to start from, instead
             of fitting one (its fit seconds are counted in ``record["ensemble_seconds"]``).
-        kernel: ``"mclmc"`` (MILE) or ``"chees"``.
+        kernel: a many-chain kernel's name (``"mclmc"``, MILE's; ``"chees"`` ...) built with
+            ``tuning``, ``thinning``, ``temperature`` and ``compile`` where it reads them, or
+            its settings object (then those four are its own).
         num_warmup: MCLMC tuning steps (>= 30) or ChEES warm-up transitions per chain.
         num_samples: kept draws per chain (>= 1).
         thinning: MCLMC integrator steps per kept draw (>= 1).
@@ -119,24 +115,30 @@ def fit_mile(
     """
     check_model(model)
     check_training_data(model, data)
-    if kernel not in MILE_KERNELS:
-        raise ValueError(f"kernel must be one of {MILE_KERNELS}, got {kernel!r}")
     check_int("n_members", n_members, type_error=True)
     check_int("chains_per_member", chains_per_member, type_error=True)
-    check_int("num_samples", num_samples, type_error=True)
-    check_int("thinning", thinning, type_error=True)
-    check_int("num_warmup", num_warmup, minimum=0, type_error=True)
-    if kernel == "mclmc" and num_warmup < 30:
-        raise ValueError(f"MCLMC tunes in num_warmup >= 30 steps, got {num_warmup}")
-    if kernel == "chees" and chains_per_member < 2:
-        raise ValueError(
-            "kernel='chees' adapts each member's trajectory length from the spread of its "
-            f"chains: chains_per_member must be >= 2, got {chains_per_member}"
+    if not isinstance(kernel, ManyChainKernel):
+        if kernel not in MANY_CHAIN_KERNELS:
+            raise ValueError(f"kernel must be one of {MANY_CHAIN_KERNELS}, got {kernel!r}")
+        cls = kernel_class(kernel)
+        given = dict(tuning=tuning, thinning=thinning)
+        names = {f.name for f in fields(cls)}
+        kernel = cls(
+            **{k: v for k, v in given.items() if k in names},
+            temperature=temperature,
+            compile=compile,
         )
-    if not isinstance(tuning, Tuning):
-        raise TypeError(f"tuning must be an mclmc.Tuning, got {type(tuning).__name__}")
-    check_temperature(temperature)
-    check_compile(compile)
+    check_int("num_warmup", num_warmup, minimum=0, type_error=True)
+    if kernel.warmup_steps(num_warmup) != num_warmup:
+        raise ValueError(
+            f"{type(kernel).__name__} warms up in num_warmup >= {kernel.warmup_steps(0)} steps, "
+            f"got {num_warmup}"
+        )
+    if chains_per_member < kernel.min_chains_per_start:
+        raise ValueError(
+            f"{type(kernel).__name__} tunes each member's chains from their spread: "
+            f"chains_per_member must be >= {kernel.min_chains_per_start}, got {chains_per_member}"
+        )
     start = time.perf_counter()
     if ensemble is None:
         ensemble = fit_ensemble(
@@ -148,90 +150,19 @@ def fit_mile(
             f"fit_mile got ensemble= and ensemble options {sorted(ensemble_options)}: the "
             "ensemble is already fitted; leave them out"
         )
-    _check_ensemble(ensemble, model)
-    n_members = next(iter(ensemble.samples.values())).shape[1]
-    device = ensemble.device  # the ensemble's: the chains continue its fits
-    model = copy.deepcopy(ensemble.model).eval()
-    train = data.to(device)
-    per_chain = {
-        name: value[0].to(device).repeat_interleave(chains_per_member, 0)[:, None]
-        for name, value in (ensemble.members or {}).items()
-    }  # (K, 1, *shape), member k // chains_per_member's
-    density = VectorizedDensity(
-        model, train.x, train.y, train.mask, parameters=per_chain or None, temperature=temperature
-    )
-    values = {s.name: ensemble.samples[s.name][0].to(device) for s in density.sites}  # (M, ...)
-    z0 = density.unconstrain(values).repeat_interleave(chains_per_member, 0)  # (K, D)
-    num_chains = len(z0)
-    check_memory(density, num_chains, num_samples, per_chain_parameters=True)
-    with seeded(seed, device):
-        density.check(z0)  # K-chain values must equal single-chain ones, by site
-    superchain = [k // chains_per_member for k in range(num_chains)]
-    settings = KernelSettings(
-        kernel=kernel,
-        num_warmup=num_warmup,
-        num_samples=num_samples,
-        tuning=tuning,
-        thinning=thinning if kernel == "mclmc" else None,
-        per_start=True,
-    )
-    samples, stats, record = sample_chains(
-        density, z0, superchain, settings, seed=seed, progress=progress,
-        compiled=CompiledPass(density, progress=progress), compile=compile, start_time=start,
+    starts = EnsembleStarts(ensemble=ensemble)
+    posterior = fit_mcmc(
+        model, data, kernel=kernel, starts=starts,
+        num_chains=starts.num_starts * chains_per_member, num_warmup=num_warmup,
+        num_samples=num_samples, seed=seed, progress=progress,
     )  # fmt: skip
-    chains, draws = next(iter(samples.values())).shape[:2]
-    kept = {
-        name: value[:, 0, None].expand(chains, draws, *value.shape[2:]).cpu()
-        for name, value in per_chain.items()
-    } or None
-    record = dict(
-        method="mcmc",
+    posterior.record.update(
         route="mile",
-        kernel=kernel,
-        init="ensemble",
-        num_starts=n_members,
-        n_members=n_members,
+        n_members=starts.num_starts,
         chains_per_member=chains_per_member,
-        num_chains=num_chains,
-        num_warmup=num_warmup,
-        num_samples=num_samples,
-        tuning=dict(
-            desired_energy_var=list(tuning.desired_energy_var),
-            phases=list(tuning.phases),
-            diagonal_preconditioning=tuning.diagonal_preconditioning,
-            trust_in_estimate=tuning.trust_in_estimate,
-            num_effective_samples=tuning.num_effective_samples,
-        ),
-        target_accept_prob=CHEES_TARGET_ACCEPT if kernel == "chees" else None,
-        temperature=temperature,
-        compile=compile,
-        seed=seed,
-        num_data=len(train),
-        x_range=[float(train.x.min()), float(train.x.max())],
-        ensemble={k: v for k, v in ensemble.record.items() if k != "members"},
-        ensemble_seconds=ensemble.record["seconds"],
-        point_estimates=per_chain
-        and dict(method="ensemble member, per chain", parameters=list(per_chain), per_chain=True),
-        **record,
         seconds=time.perf_counter() - start,
-        sample_stats=stats,
     )
-    return Posterior(model, samples=samples, members=kept, record=record, example=example_of(train))
+    return posterior
 
 
-def _check_ensemble(ensemble: Posterior, model: torch.nn.Module) -> None:
-    """Refuse a posterior that is not a deep ensemble of ``model``'s class and config."""
-    if not isinstance(ensemble, Posterior) or ensemble.record.get("method") != "ensemble":
-        raise ValueError(
-            "ensemble must be a fit_ensemble posterior (record['method'] == 'ensemble'), got "
-            f"{ensemble.record.get('method') if isinstance(ensemble, Posterior) else ensemble!r}"
-        )
-    theirs = ensemble.model
-    if type(theirs) is not type(model) or theirs.config != model.config:
-        raise ValueError(
-            f"ensemble was fitted for another model ({type(theirs).__name__} with config "
-            f"{theirs.config}); fit_mile got {type(model).__name__} with config {model.config}"
-        )
-
-
-__all__ = ["MILE_KERNELS", "fit_mile"]
+__all__ = ["fit_mile"]

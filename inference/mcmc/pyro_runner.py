@@ -1,4 +1,4 @@
-"""Pyro's HMC and NUTS kernels for ``fit_mcmc(kernel="nuts" | "hmc")``: per-draw sampler
+"""Pyro's HMC and NUTS kernels for ``fit_mcmc(kernel=NUTS() | HMC())``: per-draw sampler
 statistics recovered from the kernels' hooks, the initial-density check, and the run that
 collects what the chains send (Ctrl-C included)."""
 
@@ -33,6 +33,7 @@ from probtransformer.inference._pyro_compat import (
     stop_workers,
 )
 from probtransformer.inference._runtime import pyro_scope, seeded
+from probtransformer.inference.mcmc.kernel import PyroKernel
 from probtransformer.inference.model_checks import check_sampled_sites
 from probtransformer.inference.vi.guides import has_local_latents
 
@@ -144,7 +145,18 @@ class _LineHook:
             self._bar = None
 
 
-def run_pyro_kernel(model, train, kept, settings: dict, step_size, seed, progress):
+def run_pyro_kernel(
+    model,
+    train,
+    kept,
+    kernel: PyroKernel,
+    *,
+    num_chains: int,
+    num_warmup: int,
+    num_samples: int,
+    seed: int,
+    progress: bool,
+):
     """Pyro's NUTS or HMC; ``(samples, sample_stats, {"partial", "parallel"})``. Stochastic
     attention's per-logit draws are still among the samples."""
     args = (train.x, train.y, train.mask)
@@ -153,36 +165,21 @@ def run_pyro_kernel(model, train, kept, settings: dict, step_size, seed, progres
     with pyro_scope(), seeded(seed, device):
         transforms, *sampled = check_initial_density(density, args)
         check_sampled_sites(*sampled, *kept, len(train))  # uses no random numbers
-        common = dict(
-            step_size=step_size,
-            adapt_step_size=True,
-            adapt_mass_matrix=True,
-            full_mass=settings["full_mass"],
-            target_accept_prob=settings["target_accept_prob"],
-            jit_compile=settings["jit_compile"],
-            ignore_jit_warnings=True,
-            init_strategy=init_to_uniform,
-        )
-        if settings["kernel"] == "nuts":
-            sampler = RecordingNUTS(density, max_tree_depth=settings["max_tree_depth"], **common)
-        else:
-            sampler = RecordingHMC(
-                density, trajectory_length=settings["trajectory_length"], **common
-            )
+        sampler = kernel.pyro_kernel(density)
         partial = False
         # Pyro's bar needs a terminal; in a log each chain writes plain lines (_LineHook)
         lines = progress and not sys.stderr.isatty()
-        transitions = settings["num_warmup"] + settings["num_samples"]
+        transitions = num_warmup + num_samples
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="num_chains=.*Chains will be drawn")
             mcmc = MCMC(
                 sampler,
-                num_samples=settings["num_samples"],
-                warmup_steps=settings["num_warmup"],
-                num_chains=settings["num_chains"],
+                num_samples=num_samples,
+                warmup_steps=num_warmup,
+                num_chains=num_chains,
                 mp_context="spawn" if device.type == "cuda" else None,
                 disable_progbar=not progress or lines,
-                hook_fn=_LineHook(settings["kernel"], transitions) if lines else None,
+                hook_fn=_LineHook(kernel.name, transitions) if lines else None,
             )
             received = ChainRecorder(mcmc)
             try:
@@ -191,7 +188,7 @@ def run_pyro_kernel(model, train, kept, settings: dict, step_size, seed, progres
                 partial = True
                 stop_workers(mcmc)
             except RuntimeError as e:  # the density ran without the JIT in check_initial_density
-                if not settings["jit_compile"]:
+                if not kernel.jit_compile:
                     raise
                 raise ValueError(
                     f"the PyTorch JIT could not run {type(model).__name__}'s traced log density "

@@ -1,26 +1,30 @@
-"""Running K chains through the draw dim: where they start, and what is kept.
+"""Where the K chains of a many-chain kernel start, and running them through the draw dim.
 
-``fit_mcmc(kernel="chees" | "mclmc")`` calls ``run_many_chains``. The K chains come from M
-starts (``num_starts``; K % M == 0): chain ``k`` starts at start ``k // (K / M)``, and the chains
-that share a start form a *superchain* (Margossian et al. 2024, nested R-hat). Starts:
+``fit_mcmc(kernel=ChEES() | MCLMC() ..., starts=...)`` calls ``run_many_chains``. The K chains
+come from M starts (K % M == 0): chain ``k`` starts at start ``k // (K / M)``, and the chains
+that share a start form a *superchain* (Margossian et al. 2024, nested R-hat). The start
+strategies are settings objects:
 
-- ``"prior"``: M draws of the prior;
-- ``"map"``: one MAP fit (from a prior draw) shared by every chain (M must be 1);
-- ``"ensemble"``: M MAP fits from M prior draws, run as one batched optimisation through the
-  draw dim (Adam on the ``(M, D)`` unconstrained states; deep-ensemble starts as in MILE,
-  Sommer et al. 2025).
+- ``PriorStarts(num_starts)``: M draws of the prior;
+- ``MAPStarts()``: one MAP fit (from a prior draw) shared by every chain;
+- ``EnsembleStarts(num_starts)``: M MAP fits from M prior draws, run as one batched
+  optimisation through the draw dim (Adam on the ``(M, D)`` unconstrained states; deep-ensemble
+  starts as in MILE, Sommer et al. 2025), or the members of a fitted ``fit_ensemble``
+  posterior (``EnsembleStarts(ensemble=...)``); each member's chains are tuned on their own.
 
 MAP here is the mode of the joint density of the constrained values (no log-Jacobian), the
 same objective as ``fit_svi(guide="delta")``, on mini-batches of ``MAP_BATCH_SIZE`` rows shared
-by the starts. ``inference.mcmc.many_chain_runner`` runs the kernels from the starts; with
-``"ensemble"`` starts each superchain is tuned on its own (its own mode).
+by the starts; ``fit_ensemble(batched=True)`` runs the same ``map_fit``.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from abc import ABC
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyro
 import torch
@@ -32,14 +36,15 @@ from probtransformer.inference.distributed import DataParallel
 from probtransformer.inference.mcmc.adaptation import check_dense_dim
 from probtransformer.inference.mcmc.compiled import CompiledPass, attach
 from probtransformer.inference.mcmc.density import VectorizedDensity
-from probtransformer.inference.mcmc.many_chain_runner import KernelSettings, sample_chains
-from probtransformer.inference.mcmc.mclmc import BLACKJAX_TUNING, Tuning
+from probtransformer.inference.mcmc.kernel import ManyChainKernel
+from probtransformer.inference.mcmc.many_chain_runner import sample_chains
 from probtransformer.inference.model_checks import DRAWS_DIM, DRAWS_PLATE
 from probtransformer.inference.posterior.prediction import activation_bytes
 from probtransformer.inference.vi.schedule import lr_scheduler
+from probtransformer.validation import check_int, value_and_type
 
-#: Starting-point strategies of the many-chain kernels.
-INITS = ("prior", "map", "ensemble")
+if TYPE_CHECKING:
+    from probtransformer.inference.posterior.posterior import Posterior
 
 #: Rows per step of the batched MAP fits of ``init="map"``/``"ensemble"``.
 MAP_BATCH_SIZE = 128
@@ -61,28 +66,124 @@ def draw_bytes(num_chains: int, num_samples: int, dim: int) -> int:
     return 4 * num_chains * num_samples * dim
 
 
+@dataclass(frozen=True)
+class Starts(ABC):
+    """Base of the start strategies of the many-chain kernels (frozen, validated on
+    construction).
+
+    Attributes:
+        name: ClassVar, the CLI spelling (``--init``) and ``record["init"]``.
+        fits_map: ClassVar, the starts are MAP fits (they need ``map_steps > 0`` and fit the
+            model's plain parameters per start).
+        tune_apart: ClassVar, each start's chains are tuned on their own (they sit in modes of
+            their own).
+    """
+
+    name: ClassVar[str]
+    fits_map: ClassVar[bool] = False
+    tune_apart: ClassVar[bool] = False
+
+    def count(self, num_chains: int) -> int:
+        """M, the number of starts for ``num_chains`` chains (one per chain by default).
+
+        Raises:
+            ValueError: ``num_chains`` not a multiple of M.
+        """
+        num_starts = getattr(self, "num_starts", None) or num_chains
+        if num_chains % num_starts:
+            raise ValueError(
+                f"num_chains must be a multiple of num_starts (each start runs the same number "
+                f"of chains), got num_chains={num_chains} and num_starts={num_starts}"
+            )
+        return num_starts
+
+    def record(self, num_chains: int) -> dict[str, Any]:
+        """``init`` and ``num_starts`` as the run records them."""
+        return dict(init=self.name, num_starts=self.count(num_chains))
+
+
+@dataclass(frozen=True)
+class PriorStarts(Starts):
+    """M draws of the prior, ``num_starts`` of them (None: one per chain)."""
+
+    name: ClassVar[str] = "prior"
+    num_starts: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_starts is not None:
+            check_int("num_starts", self.num_starts, type_error=True)
+
+
+@dataclass(frozen=True)
+class MAPStarts(Starts):
+    """One MAP fit, from a prior draw, that every chain starts from."""
+
+    name: ClassVar[str] = "map"
+    fits_map: ClassVar[bool] = True
+
+    def count(self, num_chains: int) -> int:
+        return 1
+
+
+@dataclass(frozen=True)
+class EnsembleStarts(Starts):
+    """A deep ensemble's members: ``num_starts`` MAP fits (None: one per chain) run as one
+    batched optimisation, or the members of ``ensemble``, a fitted ``fit_ensemble`` posterior of
+    the same model (no fits run; the chains continue on its device). Each member's chains are
+    tuned on their own where the kernel can (MILE, Sommer et al. 2025).
+
+    Raises:
+        TypeError/ValueError: a bad ``num_starts``; an ``ensemble`` that is not a
+            ``fit_ensemble`` posterior, or given with ``num_starts`` other than its members.
+    """
+
+    name: ClassVar[str] = "ensemble"
+    fits_map: ClassVar[bool] = True
+    tune_apart: ClassVar[bool] = True
+    num_starts: int | None = None
+    ensemble: Posterior | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.num_starts is not None:
+            check_int("num_starts", self.num_starts, type_error=True)
+        if self.ensemble is None:
+            return
+        method = getattr(self.ensemble, "record", {}).get("method")
+        if method != "ensemble":
+            raise ValueError(
+                "ensemble must be a fit_ensemble posterior (record['method'] == 'ensemble'), "
+                f"got {value_and_type(self.ensemble) if method is None else method!r}"
+            )
+        members = next(iter(self.ensemble.samples.values())).shape[1]
+        if self.num_starts not in (None, members):
+            raise ValueError(
+                f"num_starts={self.num_starts} but the ensemble has {members} members: leave "
+                "num_starts out"
+            )
+        object.__setattr__(self, "num_starts", members)
+
+    def record(self, num_chains: int) -> dict[str, Any]:
+        out = super().record(num_chains)
+        if self.ensemble is not None:
+            record = self.ensemble.record
+            out["ensemble"] = {k: v for k, v in record.items() if k != "members"}
+            out["ensemble_seconds"] = record["seconds"]
+        return out
+
+
 def run_many_chains(
     model,
     train,
     *,
-    kernel: str,
+    kernel: ManyChainKernel,
+    starts: Starts,
     num_chains: int,
-    num_starts: int,
-    init: str,
     num_warmup: int,
     num_samples: int,
-    step_size: float,
-    trajectory_length: float | None,
-    target_accept_prob: float,
     map_steps: int,
     seed: int,
     progress: bool,
     parallel: DataParallel | None = None,
-    full_mass: bool = False,
-    compile: bool | None = None,
-    tuning: Tuning = BLACKJAX_TUNING,
-    thinning: int | None = None,
-    temperature: float = 1.0,
 ) -> tuple[dict, dict | None, dict, dict]:
     """Sample ``model`` (eval mode, point estimates fixed) on ``train`` with K chains.
 
@@ -91,13 +192,13 @@ def run_many_chains(
     states, from rank 0's starts and point estimates, and evaluates its share of the chains.
     Every rank returns the same draws, those of one process.
 
-    ``compile`` (True, False, or None: where it repays, ``inference.mcmc.compiled.attach``) runs the
-    MAP starts and the sampler on the compiled density (``inference.mcmc.compiled.CompiledPass``);
+    ``kernel.compile`` (True, False, or None: where it repays, ``compiled.attach``) runs the
+    MAP starts and the sampler on the compiled density (``inference.mcmc.compiled``);
     ``record["density_path"]`` says which path ran, ``record["compile_seconds"]`` its cost.
 
-    With ``"map"``/``"ensemble"`` starts the model's plain parameters are fitted per start
-    (start ``m`` from the model re-initialised with ``seed + m``) and each chain keeps its
-    start's values while sampling.
+    With MAP or ensemble starts the model's plain parameters are fitted per start (start ``m``
+    from the model re-initialised with ``seed + m``; a given ensemble's members' values) and
+    each chain keeps its start's values while sampling.
 
     Returns:
         ``(samples {site: (chain, draw, *shape)}, members {name: (chain, draw, *shape)} of the
@@ -112,58 +213,57 @@ def run_many_chains(
         KeyboardInterrupt: Ctrl-C before the first kept draw.
     """
     start_time = time.perf_counter()
-    density = VectorizedDensity(model, train.x, train.y, train.mask, temperature=temperature)
-    if full_mass:  # before any MAP fit
+    num_starts = starts.count(num_chains)
+    density = VectorizedDensity(model, train.x, train.y, train.mask, temperature=kernel.temperature)
+    if getattr(kernel, "full_mass", False):  # before any MAP fit
         check_dense_dim(density.dim)
     names = [name for name, p in model.named_parameters() if p.requires_grad]
-    per_start = bool(names) and init in ("map", "ensemble")
+    per_start = bool(names) and starts.fits_map
     check_memory(density, num_chains, num_samples, per_start)
     device = train.x.device
     compiled = CompiledPass(density, progress=progress)
+    fitted = getattr(starts, "ensemble", None)
     with seeded(seed, device):
         probe = prior_states(density, max(2, num_starts))
         density.check(probe[:2])  # K-chain values must equal single-chain ones, by site
-        starts = probe[:num_starts]
-        if per_start:
+        z = probe[:num_starts]
+        if fitted is not None:  # the members' values: no fits
+            z = density.unconstrain(
+                {s.name: fitted.samples[s.name][0].to(device) for s in density.sites}
+            )
+            density.parameters = {
+                name: (fitted.members or {})[name][0].to(device)[:, None] for name in names
+            }
+            density.check(z)
+        elif per_start:
             density.parameters = _initial_parameters(model, names, num_starts, seed, device)
-            density.check(starts)  # ... and with a plain-parameter value per start
-        if init in ("map", "ensemble"):
+            density.check(z)  # ... and with a plain-parameter value per start
+        if starts.fits_map and fitted is None:
             local = any(site.local for site in density.sites)
             rows = torch.arange(min(MAP_BATCH_SIZE, density.num_rows), device=device)
             rows = None if local or len(rows) == density.num_rows else rows
             attach(
                 compiled,
-                compile,
+                kernel.compile,
                 map_steps,
-                lambda: density.log_density(starts, rows=rows, jacobian=False),
+                lambda: density.log_density(z, rows=rows, jacobian=False),
             )
-            starts, _ = map_fit(density, starts, map_steps, progress=progress)
+            z, _ = map_fit(density, z, map_steps, progress=progress)
     per_chain = num_chains // num_starts
     if per_start:  # each chain keeps its start's fitted values
         density.parameters = {
             name: value.detach().repeat_interleave(per_chain, dim=0)
             for name, value in density.parameters.items()
         }
-    z0 = starts.repeat_interleave(per_chain, dim=0)
+    z0 = z.repeat_interleave(per_chain, dim=0)
     superchain = [k // per_chain for k in range(num_chains)]
-    settings = KernelSettings(
-        kernel=kernel,
-        num_warmup=num_warmup,
-        num_samples=num_samples,
-        step_size=step_size,
-        trajectory_length=trajectory_length,
-        target_accept_prob=target_accept_prob,
-        full_mass=full_mass,
-        tuning=tuning,
-        thinning=thinning,
-        # MCLMC tunes each member's chains apart; ChEES needs 2+ chains per member to centre
-        per_start=init == "ensemble" and num_starts > 1 and (kernel == "mclmc" or per_chain > 1),
-    )
+    tune_apart = starts.tune_apart and num_starts > 1 and per_chain >= kernel.min_chains_per_start
     samples, stats, record = sample_chains(
-        density, z0, superchain, settings, seed=seed, progress=progress, compiled=compiled,
-        compile=compile, parallel=parallel, start_time=start_time,
+        density, z0, superchain, kernel, num_warmup=num_warmup, num_samples=num_samples,
+        per_start=tune_apart, seed=seed, progress=progress, compiled=compiled,
+        parallel=parallel, start_time=start_time,
     )  # fmt: skip
-    record.update(num_starts=num_starts, init=init)
+    record.update(starts.record(num_chains))
     members = None
     record["point_estimates"] = None
     if per_start:
@@ -172,8 +272,10 @@ def run_many_chains(
             name: value[:, 0, None].expand(chains, draws, *value.shape[2:]).cpu()
             for name, value in density.parameters.items()
         }
-        record["point_estimates"] = dict(
-            method="map, per start", parameters=names, num_steps=map_steps, per_chain=True
+        record["point_estimates"] = (
+            dict(method="map, per start", parameters=names, num_steps=map_steps, per_chain=True)
+            if fitted is None
+            else dict(method="ensemble member, per chain", parameters=names, per_chain=True)
         )
     return samples, members, stats, record
 
@@ -281,8 +383,11 @@ def map_fit(
 
 
 __all__ = [
-    "INITS",
     "MAX_DRAW_BYTES",
+    "EnsembleStarts",
+    "MAPStarts",
+    "PriorStarts",
+    "Starts",
     "check_memory",
     "draw_bytes",
     "map_fit",

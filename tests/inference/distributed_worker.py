@@ -20,6 +20,7 @@ import torch.distributed
 
 from probtransformer.datasets import SequenceData
 from probtransformer.inference import (
+    ChEES,
     fit_mcmc,
     fit_svi,
     save_svi_checkpoint,
@@ -95,7 +96,7 @@ def disagreements(rank: int, out: Path) -> dict[str, str]:
         "order": lambda: fit_svi(model(), permuted, distributed=True, **SETTINGS),
         "model": lambda: fit_svi(other if rank else model(), train, distributed=True, **SETTINGS),
         "mcmc": lambda: fit_mcmc(
-            model(), permuted, kernel="chees", num_chains=2, distributed=True, **short
+            model(), permuted, kernel=ChEES(), num_chains=2, distributed=True, **short
         ),
         "predict": lambda: post.predict(train.x[: N - rank], distributed=True),
         "seed": lambda: post.predict(train.x, seed=rank, distributed=True),

@@ -22,7 +22,7 @@ from pyro.nn import PyroModule, PyroSample
 
 from probtransformer.block import BAYESIAN_PARTS
 from probtransformer.datasets import SequenceData
-from probtransformer.inference import fit_mcmc
+from probtransformer.inference import NUTS, ChEES, fit_mcmc
 from probtransformer.inference.mcmc import compiled
 from probtransformer.inference.mcmc.compiled import CompiledPass, attach, compilable
 from probtransformer.inference.mcmc.density import VectorizedDensity
@@ -277,9 +277,9 @@ def test_fit_mcmc_records_the_compiled_path(fx_backend, kernel):
 def test_compile_is_checked():
     model, data = BUILT_IN["linear_regression"]()
     with pytest.raises(TypeError, match="compile must be True, False or None"):
-        fit_mcmc(model, data, kernel="chees", compile="yes", progress=False)
+        fit_mcmc(model, data, kernel=ChEES(compile="yes"), progress=False)
     with pytest.raises(ValueError, match="compile applies to kernel='chees'/'mclmc', not 'nuts'"):
-        fit_mcmc(model, data, kernel="nuts", compile=True, progress=False)
+        fit_mcmc(model, data, kernel=NUTS(compile=True), progress=False)
 
 
 @pytest.mark.slow

@@ -31,7 +31,7 @@ import torch
 from pyro.nn import PyroModule, PyroSample
 
 from probtransformer.datasets import SequenceData
-from probtransformer.inference import fit_mcmc, fit_svi
+from probtransformer.inference import NUTS, fit_mcmc, fit_svi
 from probtransformer.inference.diagnostics._arviz import az, pareto_khat
 from probtransformer.models import BayesianLinearRegression
 
@@ -139,11 +139,10 @@ def test_nuts_recovers_the_analytic_posterior(regression, exact):
     post = fit_mcmc(
         model,
         data,
+        kernel=NUTS(full_mass=True, jit_compile=True),
         num_chains=1,
         num_warmup=300,
         num_samples=1000,
-        full_mass=True,
-        jit_compile=True,
         seed=0,
         progress=False,
     )
@@ -333,11 +332,10 @@ def test_nuts_recovers_eight_schools_noncentered():
     post = fit_mcmc(
         EightSchoolsNonCentered(data["J"]),
         schools,
+        kernel=NUTS(target_accept_prob=0.9, jit_compile=True),
         num_chains=1,
         num_warmup=300,
         num_samples=1000,
-        target_accept_prob=0.9,
-        jit_compile=True,
         seed=0,
         progress=False,
     )
@@ -353,11 +351,11 @@ def test_nuts_recovers_ark():
     post = fit_mcmc(
         AutoRegressive(K),
         SequenceData(x=lags, y=series[K:]),
+        kernel=NUTS(full_mass=True, jit_compile=True),
         num_chains=1,
         num_warmup=300,
         num_samples=1000,
-        full_mass=True,  # the lag coefficients are strongly correlated
-        jit_compile=True,
+        # the lag coefficients are strongly correlated
         seed=0,
         progress=False,
     )

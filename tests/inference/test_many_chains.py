@@ -22,7 +22,17 @@ from pyro.nn import PyroModule, PyroSample
 
 from probtransformer.block import BAYESIAN_PARTS
 from probtransformer.datasets import SequenceData
-from probtransformer.inference import Posterior, fit_mcmc, load_posterior
+from probtransformer.inference import (
+    MCLMC,
+    NUTS,
+    ChEES,
+    EnsembleStarts,
+    MAPStarts,
+    Posterior,
+    PriorStarts,
+    fit_mcmc,
+    load_posterior,
+)
 from probtransformer.inference.mcmc import adaptation as metric
 from probtransformer.inference.mcmc import chees as samplers
 from probtransformer.inference.mcmc import mclmc
@@ -54,7 +64,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:num_warmup=.*is short:UserWarnin
 
 def chees(model, data, **options) -> Posterior:
     """``fit_mcmc(kernel="chees")`` without a progress bar."""
-    return fit_mcmc(model, data, kernel="chees", progress=False, **options)
+    return fit_mcmc(model, data, kernel=ChEES(), progress=False, **options)
 
 
 # -- models -----------------------------------------------------------------------------------
@@ -178,7 +188,9 @@ def test_the_metropolis_correction_keeps_a_standard_normal_exact_at_a_large_step
     4,096 independent coordinates has a standard error of 2.2%; the bound is 4.5 of them."""
     chains = 2048
     z0 = torch.randn(chains, 2, generator=torch.Generator().manual_seed(0))
-    sampler = samplers.ChEES(lambda z: (-0.5 * z.square().sum(1), -z), ChainRNG(0, chains, CPU), 0)
+    sampler = samplers.ChEESSampler(
+        lambda z: (-0.5 * z.square().sum(1), -z), ChainRNG(0, chains, CPU), 0
+    )
     state = sampler.init(z0)
     sampler.step_size = torch.tensor([1.9], dtype=torch.float64)
     sampler.log_T_avg = torch.tensor([math.log(3 * 1.9)], dtype=torch.float64)  # 1-3 steps
@@ -208,11 +220,11 @@ def test_chees_adapts_within_superchains_started_in_different_modes(superchains)
     chains = 32
     superchain = torch.arange(chains) // (chains // 2)
     z0 = torch.where(superchain[:, None] == 0, -10.0, 10.0).expand(chains, 2).clone()
-    sampler = samplers.ChEES(
+    sampler = samplers.ChEESSampler(
         two_modes,
         ChainRNG(0, chains, CPU),
         150,
-        superchain=superchain if superchains else None,
+        groups=superchain if superchains else None,
     )
     state = sampler.init(z0)
     for _ in range(150):
@@ -237,8 +249,8 @@ def test_chees_per_superchain_adapts_each_mode_to_its_own_width():
     def widths(z):
         return -0.5 * (z / scale).square().sum(1), -z / scale**2
 
-    sampler = samplers.ChEES(
-        widths, ChainRNG(0, chains, CPU), 150, superchain=superchain, per_superchain=True
+    sampler = samplers.ChEESSampler(
+        widths, ChainRNG(0, chains, CPU), 150, groups=superchain, per_start=True
     )
     state = sampler.init(torch.zeros(chains, 2))
     draws = []
@@ -247,7 +259,7 @@ def test_chees_per_superchain_adapts_each_mode_to_its_own_width():
         if t >= 150:
             draws.append(state.z)
     z = torch.stack(draws, 1)
-    assert sampler.step_size.shape == (2,) and len(sampler.settings()["step_size"]) == 2
+    assert sampler.step_size.shape == (2,) and len(sampler.adapted()["step_size"]) == 2
     assert (
         0.5 < float(sampler.inv_mass[0].mean()) < 2
         and 5e-5 < float(sampler.inv_mass[-1].mean()) < 2e-4
@@ -255,9 +267,9 @@ def test_chees_per_superchain_adapts_each_mode_to_its_own_width():
     assert float(z[:16].std()) == pytest.approx(1.0, rel=0.15)
     assert float(z[16:].std()) == pytest.approx(0.01, rel=0.15)
     assert torch.equal(move.step_size[:16], move.step_size[0].expand(16))
-    with pytest.raises(ValueError, match="two or more chains in every superchain"):
-        samplers.ChEES(
-            widths, ChainRNG(0, 2, CPU), 10, superchain=torch.tensor([0, 1]), per_superchain=True
+    with pytest.raises(ValueError, match="two or more chains from every start"):
+        samplers.ChEESSampler(
+            widths, ChainRNG(0, 2, CPU), 10, groups=torch.tensor([0, 1]), per_start=True
         )
 
 
@@ -280,8 +292,8 @@ def test_a_dense_metric_takes_unit_steps_along_a_ridge_off_the_axes(dense):
     unit Gaussian's scale (0.5 or more). The dense chains' draws keep ``Σ`` (each entry within
     20% of the long direction's variance, 64 chains x 100 draws)."""
     chains = 64
-    sampler = samplers.ChEES(
-        ridge, ChainRNG(0, chains, CPU), 200, superchain=torch.arange(chains) // 16, dense=dense
+    sampler = samplers.ChEESSampler(
+        ridge, ChainRNG(0, chains, CPU), 200, groups=torch.arange(chains) // 16, dense=dense
     )
     state = sampler.init(torch.randn(chains, 2, generator=torch.Generator().manual_seed(1)))
     for _ in range(200):
@@ -302,7 +314,7 @@ def test_a_dense_metric_takes_unit_steps_along_a_ridge_off_the_axes(dense):
 def test_a_dense_metric_falls_back_to_the_diagonal_with_fewer_draws_than_dimensions():
     """2 chains on a 300-dimensional N(0, I): each window holds fewer draws than dimensions, so
     the metric stays diagonal (a rank-deficient covariance halved the sampled sd)."""
-    sampler = samplers.ChEES(
+    sampler = samplers.ChEESSampler(
         lambda z: (-0.5 * z.square().sum(1), -z), ChainRNG(0, 2, CPU), 100, dense=True
     )
     state = sampler.init(torch.zeros(2, 300))
@@ -330,7 +342,7 @@ def test_the_dense_metric_is_the_covariance_within_superchains():
 
 def test_a_dense_metric_over_its_dimension_limit_is_refused_with_its_size():
     dim = metric.MAX_DENSE_DIM + 1
-    sampler = samplers.ChEES(ridge, ChainRNG(0, 2, CPU), 10, dense=True)
+    sampler = samplers.ChEESSampler(ridge, ChainRNG(0, 2, CPU), 10, dense=True)
     with pytest.raises(ValueError, match=f"at most {metric.MAX_DENSE_DIM}.*has {dim}.*MiB"):
         sampler.init(torch.zeros(2, dim))
 
@@ -342,7 +354,7 @@ def test_fit_mcmc_refuses_a_dense_metric_over_the_limit_before_its_map_starts(
     monkeypatch.setattr(metric, "MAX_DENSE_DIM", 2)  # the regression has 3 latents
     with pytest.raises(ValueError, match="at most 2 unconstrained scalars; this posterior has 3"):
         fit_mcmc(
-            BayesianLinearRegression(2), small, kernel="chees", full_mass=True, init="map",
+            BayesianLinearRegression(2), small, kernel=ChEES(full_mass=True), starts=MAPStarts(),
             num_chains=2, num_warmup=10, num_samples=5, progress=False,
         )  # fmt: skip
 
@@ -449,7 +461,7 @@ def test_mclmc_is_close_to_the_analytic_posterior_and_says_it_is_unadjusted():
     """Unadjusted: a step-size bias is allowed, within 5 MCSE on the means and 10% on the sds."""
     model, data = correlated_regression()
     post = fit_mcmc(
-        model, data, kernel="mclmc", num_chains=16, num_warmup=200, num_samples=80, progress=False
+        model, data, kernel=MCLMC(), num_chains=16, num_warmup=200, num_samples=80, progress=False
     )
     mean, cov = exact_moments(model, data)
     draws = coefficients(post)
@@ -577,8 +589,8 @@ def no_sampling(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("sampling started")
 
-    monkeypatch.setattr(samplers.ChEES, "init", fail)
-    monkeypatch.setattr(mclmc.MCLMC, "init", fail)
+    monkeypatch.setattr(samplers.ChEESSampler, "init", fail)
+    monkeypatch.setattr(mclmc.MCLMCSampler, "init", fail)
 
 
 @pytest.mark.parametrize("model", [SumsOverDraws, AveragesOverDraws])
@@ -612,10 +624,69 @@ def test_a_model_that_mixes_the_draw_dim_is_refused_naming_the_site(small, model
         (dict(kernel="nuts", trajectory_length=1.0), ValueError, "trajectory_length applies to"),
     ],
 )
-def test_bad_settings_are_refused(small, options, error, words, no_sampling):
+def test_bad_settings_of_the_string_form_are_refused(small, options, error, words, no_sampling):
     settings = dict(kernel="chees", num_chains=4, num_warmup=10, num_samples=5, progress=False)
+    with pytest.raises(error, match=words), pytest.warns(DeprecationWarning, match="is deprecated"):
+        fit_mcmc(BayesianLinearRegression(2), small, **{**settings, **options})
+
+
+@pytest.mark.parametrize(
+    "build, error, words",
+    [
+        (lambda: ChEES(target_accept_prob=1.5), ValueError, "target_accept_prob must be a float"),
+        (lambda: ChEES(step_size=-1.0), ValueError, "step_size must be a finite number > 0"),
+        (lambda: ChEES(full_mass=1), TypeError, "full_mass must be a Python bool"),
+        (lambda: ChEES(temperature=0), ValueError, "temperature must be a finite number > 0"),
+        (lambda: MCLMC(thinning=0), ValueError, "thinning must be >= 1"),
+        (lambda: MCLMC(tuning="mile"), TypeError, "tuning must be an mclmc.Tuning"),
+        (lambda: MCLMC(target_accept_prob=0.9), TypeError, "unexpected keyword"),
+        (lambda: PriorStarts(num_starts=0), ValueError, "num_starts must be >= 1"),
+        (lambda: EnsembleStarts(ensemble="run"), ValueError, "fit_ensemble posterior"),
+    ],
+)
+def test_bad_settings_objects_are_refused_on_construction(build, error, words):
+    with pytest.raises(error, match=words):
+        build()
+
+
+@pytest.mark.parametrize(
+    "options, error, words",
+    [
+        (dict(kernel="chees"), TypeError, "got unexpected keyword arguments \\['init'\\]"),
+        (dict(kernel=ChEES, init=None), TypeError, "kernel must be a kernel settings object"),
+        (dict(kernel=ChEES(), starts="ensemble"), TypeError, "starts must be PriorStarts"),
+        (dict(kernel=NUTS(), starts=PriorStarts()), ValueError, "starts apply to the many-chain"),
+        (dict(kernel=ChEES(), starts=PriorStarts(3)), ValueError, "multiple of num_starts"),
+        (dict(kernel=ChEES(), starts=EnsembleStarts(), map_steps=0), ValueError, "MAP fits"),
+    ],
+)
+def test_bad_settings_of_the_object_form_are_refused(small, options, error, words, no_sampling):
+    settings = dict(num_chains=4, num_warmup=10, num_samples=5, progress=False)
+    options = dict(options)
+    if options.get("init", "") is None:
+        del options["init"]
+    elif options.get("kernel") == "chees":
+        options = dict(kernel=ChEES(), init="map")
     with pytest.raises(error, match=words):
         fit_mcmc(BayesianLinearRegression(2), small, **{**settings, **options})
+
+
+def test_the_string_form_warns_and_builds_the_same_objects(small):
+    """``kernel="chees", init="ensemble", num_starts=2, target_accept_prob=0.7`` is
+    ``kernel=ChEES(target_accept_prob=0.7), starts=EnsembleStarts(2)``: the same draws."""
+    settings = dict(num_chains=4, num_warmup=10, num_samples=5, map_steps=5, progress=False)
+    with pytest.warns(DeprecationWarning, match=r"kernel=ChEES\(\.\.\.\)"):
+        old = fit_mcmc(
+            BayesianLinearRegression(2), small, kernel="chees", init="ensemble", num_starts=2,
+            target_accept_prob=0.7, **settings,
+        )  # fmt: skip
+    new = fit_mcmc(
+        BayesianLinearRegression(2), small, kernel=ChEES(target_accept_prob=0.7),
+        starts=EnsembleStarts(2), **settings,
+    )  # fmt: skip
+    for name, value in new.samples.items():
+        torch.testing.assert_close(old.samples[name], value, rtol=0, atol=0)
+    assert old.record["target_accept_prob"] == 0.7 and old.record["init"] == "ensemble"
 
 
 def test_draws_over_the_memory_limit_are_refused_with_the_estimate(small, monkeypatch, no_sampling):
@@ -648,7 +719,7 @@ def test_a_non_finite_initial_density_names_the_chain_and_the_site(small, monkey
 
     monkeypatch.setattr(many_chains, "prior_states", bad_second_start)
     with pytest.raises(ValueError, match=r"chain 2 is not finite at its initial state: site 'y'"):
-        chees(NaNAboveThree(), small, num_chains=4, num_starts=2, num_samples=5)
+        chees(NaNAboveThree(), small, num_chains=4, starts=PriorStarts(2), num_samples=5)
 
 
 # -- 6. per-chain random streams --------------------------------------------------------------
@@ -680,7 +751,7 @@ def test_the_same_seed_gives_the_same_draws_and_another_seed_others(small):
 
 def interrupt_at(monkeypatch, call: int) -> None:
     """Make ChEES's ``call``-th transition (1-based) raise KeyboardInterrupt."""
-    step = samplers.ChEES.step
+    step = samplers.ChEESSampler.step
     calls = []
 
     def step_or_interrupt(self, state, *, adapt):
@@ -689,7 +760,7 @@ def interrupt_at(monkeypatch, call: int) -> None:
             raise KeyboardInterrupt
         return step(self, state, adapt=adapt)
 
-    monkeypatch.setattr(samplers.ChEES, "step", step_or_interrupt)
+    monkeypatch.setattr(samplers.ChEESSampler, "step", step_or_interrupt)
 
 
 def test_ctrl_c_after_kept_draws_returns_them_as_a_partial_posterior(small, monkeypatch):
@@ -730,7 +801,7 @@ def test_a_diverging_superchain_is_recorded_and_flagged_and_the_fit_returns(monk
     monkeypatch.setattr(many_chains, "prior_states", far_second_start)
     data = scaled_data(20)
     post = chees(
-        ScaledRegression(), data, num_chains=4, num_starts=2, num_warmup=40, num_samples=20
+        ScaledRegression(), data, num_chains=4, starts=PriorStarts(2), num_warmup=40, num_samples=20
     )
     diverging = np.asarray(post.record["sample_stats"]["diverging"])  # (chain, draw)
     assert diverging.shape == (4, 20) and diverging.dtype == bool
@@ -825,7 +896,7 @@ def test_mclmc_tunes_a_badly_scaled_posterior_without_crashing():
     model, data = correlated_regression()
     data = SequenceData(x=data.x * 1e6, y=data.y)
     post = fit_mcmc(
-        model, data, kernel="mclmc", num_chains=4, num_warmup=30, num_samples=2, progress=False
+        model, data, kernel=MCLMC(), num_chains=4, num_warmup=30, num_samples=2, progress=False
     )
     assert 0 < post.record["adapted_step_size"] < math.inf
     assert 0 < post.record["adapted_L"] < math.inf
@@ -839,7 +910,7 @@ def test_ensemble_starts_fit_the_plain_parameters_per_start_and_each_chain_keeps
     model = SequenceClassifier(3, 3, 4, d_model=4, num_heads=2, num_layers=1, d_ff=4, dropout=0.0)
     names = {name for name, _ in model.named_parameters()}
     post = chees(
-        model, classifier_data(), num_chains=4, num_starts=2, init="ensemble", num_warmup=4,
+        model, classifier_data(), num_chains=4, starts=EnsembleStarts(2), num_warmup=4,
         num_samples=3, map_steps=20, seed=1,
     )  # fmt: skip
     estimates = post.record["point_estimates"]

@@ -13,7 +13,7 @@ from pyro.infer.mcmc import MCMC
 from pyro.nn import PyroModule, PyroSample
 
 from probtransformer.datasets import SequenceData
-from probtransformer.inference import fit_mcmc, fit_svi, load_posterior
+from probtransformer.inference import HMC, NUTS, fit_mcmc, fit_svi, load_posterior
 from probtransformer.inference._runtime import reinitialised_copy
 from probtransformer.inference.diagnostics._arviz import az
 from probtransformer.inference.mcmc.pyro_runner import SAMPLE_STATS, RecordingNUTS
@@ -94,8 +94,7 @@ def test_hmc_reports_its_fixed_trajectory(regression):
     post = fit_mcmc(
         BayesianLinearRegression(2),
         regression,
-        kernel="hmc",
-        trajectory_length=1.0,
+        kernel=HMC(trajectory_length=1.0),
         num_chains=1,
         **FAST,
     )
@@ -168,10 +167,10 @@ def test_diagnose_flags_a_bad_sampler(regression, capsys):
     post = fit_mcmc(
         BayesianLinearRegression(2),
         regression,
+        kernel=NUTS(max_tree_depth=1),
         num_chains=2,
         num_warmup=0,
         num_samples=30,
-        max_tree_depth=1,
         progress=False,
     )
     post.diagnose()
@@ -389,7 +388,8 @@ def test_small_classifier_nuts_exports_attention_for_arviz(digits):
     """The issue's setting at smoke size (shallow trees keep the short warm-up cheap)."""
     train = digits.train[:30]
     post = fit_mcmc(
-        _small_classifier(), train, num_chains=2, num_warmup=8, num_samples=8, max_tree_depth=4,
+        _small_classifier(), train, kernel=NUTS(max_tree_depth=4), num_chains=2, num_warmup=8,
+        num_samples=8,
         progress=False,
     )  # fmt: skip
     _check_classifier_export(post, train, 8)
@@ -430,9 +430,17 @@ def test_a_model_without_latents_is_refused_before_any_fit(digits):
 
 def test_full_mass_must_be_a_bool(regression):
     with pytest.raises(TypeError, match="full_mass must be a Python bool, got 'yes'"):
-        fit_mcmc(BayesianLinearRegression(2), regression, full_mass="yes")
+        fit_mcmc(
+            BayesianLinearRegression(2),
+            regression,
+            kernel=NUTS(full_mass="yes"),
+        )
     with pytest.raises(TypeError, match="got np.True_"):  # numpy's bool prints as "bool"
-        fit_mcmc(BayesianLinearRegression(2), regression, full_mass=np.True_)
+        fit_mcmc(
+            BayesianLinearRegression(2),
+            regression,
+            kernel=NUTS(full_mass=np.True_),
+        )
 
 
 def test_a_log_density_the_jit_cannot_run_names_jit_compile_false(regression, monkeypatch):
@@ -445,7 +453,7 @@ def test_a_log_density_the_jit_cannot_run_names_jit_compile_false(regression, mo
     monkeypatch.setattr(MCMC, "run", run)
     kwargs = dict(num_chains=1, **FAST)
     with pytest.raises(ValueError, match=r"could not run .* jit_compile=False .*--no-jit-compile"):
-        fit_mcmc(BayesianLinearRegression(2), regression, jit_compile=True, **kwargs)
+        fit_mcmc(BayesianLinearRegression(2), regression, kernel=NUTS(jit_compile=True), **kwargs)
     with pytest.raises(RuntimeError, match="Unsupported value kind"):  # not the JIT's doing
         fit_mcmc(BayesianLinearRegression(2), regression, **kwargs)
 

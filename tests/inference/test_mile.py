@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from probtransformer.datasets import SequenceData
-from probtransformer.inference import fit_ensemble, fit_mcmc, fit_mile
+from probtransformer.inference import NUTS, ChEES, fit_ensemble, fit_mcmc, fit_mile
 from probtransformer.inference.mcmc.density import VectorizedDensity
 from probtransformer.inference.mcmc.kernel import ChainRNG
 from probtransformer.inference.mcmc.mclmc import (
@@ -241,7 +241,7 @@ def test_an_ensemble_of_another_model_or_another_fit_is_refused(digits_rows, ens
         fit_mile(tiny_classifier(d_ff=16), digits_rows, ensemble=ensemble, progress=False)
     data = SequenceData(torch.randn(20, 2), torch.randn(20))
     sampled = fit_mcmc(
-        BayesianLinearRegression(2), data, kernel="chees", num_chains=2, num_warmup=2,
+        BayesianLinearRegression(2), data, kernel=ChEES(), num_chains=2, num_warmup=2,
         num_samples=2, progress=False,
     )  # fmt: skip
     with pytest.raises(ValueError, match="must be a fit_ensemble posterior"):
@@ -272,7 +272,7 @@ def test_the_temperature_is_recorded_and_shown_in_the_verdict(digits_rows, ensem
     verdict = post.diagnose(verbose=False).attrs["verdict"]
     assert any("temperature 0.5" in line and "not the Bayesian one" in line for line in verdict)
     with pytest.raises(ValueError, match="temperature applies to kernel='chees'/'mclmc'"):
-        fit_mcmc(tiny_classifier(), digits_rows, kernel="nuts", temperature=0.5, progress=False)
+        fit_mcmc(tiny_classifier(), digits_rows, kernel=NUTS(temperature=0.5), progress=False)
 
 
 def test_diagnose_judges_each_member_and_reports_the_spread_between_them(digits_rows, mile):

@@ -34,7 +34,7 @@ from scipy import stats
 
 from probtransformer.attention import BayesMultiheadAttention
 from probtransformer.datasets import SequenceData
-from probtransformer.inference import fit_mcmc
+from probtransformer.inference import NUTS, fit_mcmc
 from probtransformer.models import BayesianLinearRegression
 
 #: Per-quantity p-value threshold of the uniformity test (false-alarm rate 0.001 per quantity).
@@ -103,10 +103,10 @@ def lr_replication(num_warmup: int, num_samples: int, num_draws: int) -> Replica
         post = fit_mcmc(
             model,
             data,
+            kernel=NUTS(jit_compile=True),
             num_chains=1,
             num_warmup=num_warmup,
             num_samples=num_samples,
-            jit_compile=True,
             seed=seed,
             progress=False,
         )
@@ -234,10 +234,10 @@ def att_replication(num_warmup: int, num_samples: int, num_draws: int) -> Replic
         post = fit_mcmc(
             model,
             data,
+            kernel=NUTS(jit_compile=True),
             num_chains=1,
             num_warmup=num_warmup,
             num_samples=num_samples,
-            jit_compile=True,
             seed=seed,
             progress=False,
         )

@@ -11,7 +11,7 @@ from pyro import poutine
 from pyro.infer import Predictive
 
 from probtransformer.datasets import SequenceData
-from probtransformer.inference import RegressionPrediction, fit_mcmc, fit_svi, load_posterior
+from probtransformer.inference import NUTS, RegressionPrediction, fit_mcmc, fit_svi, load_posterior
 from probtransformer.models import Seq2Seq, SequenceRegressor
 
 T, F, H = 4, 2, 3
@@ -407,10 +407,10 @@ def test_seq2seq_mcmc_runs_and_predicts(series):
         post = fit_mcmc(
             model,
             series[:16],
+            kernel=NUTS(max_tree_depth=3),
             num_chains=1,
             num_warmup=4,
             num_samples=4,
-            max_tree_depth=3,
             map_steps=5,
             seed=0,
             progress=False,

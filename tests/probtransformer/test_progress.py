@@ -8,7 +8,7 @@ import torch
 
 from probtransformer import _progress
 from probtransformer.datasets import SequenceData
-from probtransformer.inference import fit_mcmc, fit_svi
+from probtransformer.inference import NUTS, ChEES, fit_mcmc, fit_svi
 from probtransformer.models import SequenceClassifier
 
 T, F, C, N = 4, 3, 2, 16
@@ -77,7 +77,7 @@ def test_fit_svi_progress_false_stays_silent(every_update, capsys):
 def test_nuts_logs_its_transitions_when_stderr_is_a_file(every_update, capsys):
     model, data = _tiny()
     fit_mcmc(
-        model, data, kernel="nuts", num_chains=1, num_warmup=3, num_samples=2, max_tree_depth=2,
+        model, data, kernel=NUTS(max_tree_depth=2), num_chains=1, num_warmup=3, num_samples=2,
         map_steps=10,
     )  # fmt: skip
     lines = _lines(capsys.readouterr().err, "NUTS")
@@ -87,6 +87,6 @@ def test_nuts_logs_its_transitions_when_stderr_is_a_file(every_update, capsys):
 
 def test_chees_logs_its_transitions_when_stderr_is_a_file(every_update, capsys):
     model, data = _tiny()
-    fit_mcmc(model, data, kernel="chees", num_chains=2, num_warmup=3, num_samples=2, map_steps=10)
+    fit_mcmc(model, data, kernel=ChEES(), num_chains=2, num_warmup=3, num_samples=2, map_steps=10)
     lines = _lines(capsys.readouterr().err, "chees (eager)")
     assert int(lines[-1]["n"]) == int(lines[-1]["total"]) == 5

@@ -12,7 +12,7 @@ from pyro import poutine
 from probtransformer import priors
 from probtransformer.attention import LOCAL_LATENT, BayesMultiheadAttention, amortized, data_plate
 from probtransformer.datasets import SequenceData
-from probtransformer.inference import fit_mcmc, fit_svi, load_posterior
+from probtransformer.inference import NUTS, fit_mcmc, fit_svi, load_posterior
 from probtransformer.inference.mcmc import driver as mcmc_module
 from probtransformer.inference.mcmc import pyro_runner as pyro_kernels
 from probtransformer.inference.vi.guides import AmortizedGuide, has_local_latents
@@ -283,10 +283,10 @@ def _tiny_mcmc(small: SequenceData, **kwargs):
         return fit_mcmc(
             _model(**kwargs),
             small,
+            kernel=NUTS(max_tree_depth=3),
             num_chains=1,
             num_warmup=10,
             num_samples=5,
-            max_tree_depth=3,
             map_steps=20,
             seed=0,
             progress=False,

@@ -18,14 +18,15 @@ group's mean acceptance probability, ``L`` scaled with ε (the steps per proposa
 different starts may sit in different modes); then ``L <- 1.3 sqrt(sum of the variances)`` (at
 most doubled, ε scaled alike) or, with ``diagonal_preconditioning``, the preconditioner σ = the
 sds, ε searched afresh and ``L = sqrt(D)``; (3) dual averaging again, L fixed (ε at most
-``L / 1.1``); (4) ``L <- 0.4 L / (ESS per draw)`` from the bulk ESS of the phase's draws (at
-most doubled); (5) dual averaging of ε, L fixed.
+``L / 1.1``); (4) ``L <- 0.4 L mean(draws / ESS)`` from the bulk ESS of the phase's draws
+(``mclmc_adaptation.steps_per_effective_draw``; at most doubled); (5) dual averaging of ε, L fixed.
 Differences from BlackJAX: the chains of a group share ε and L (their mean acceptance drives
-the dual averaging); the initial ε comes from a doubling/halving search (one integration step,
-the group's mean acceptance crossing the target) instead of ``0.25 sqrt(D)``; the trajectory's
-random length is drawn from a Halton sequence shared by the chains (as ChEES), so they wait for
-no longer trajectory than their own group's; the integrator is the isokinetic velocity Verlet
-(one gradient a step, MCLMC's) rather than BlackJAX's default McLachlan scheme.
+the dual averaging); L from the ESS averages draws per ESS over coordinates (as our MCLMC); the
+initial ε comes from a doubling/halving search (one integration step, the group's mean
+acceptance crossing the target) instead of ``0.25 sqrt(D)``; the trajectory's random length is
+drawn from a Halton sequence shared by the chains (as ChEES), so they wait for no longer
+trajectory than their own group's; the integrator is the isokinetic velocity Verlet (one
+gradient a step, MCLMC's) rather than BlackJAX's default McLachlan scheme.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from probtransformer.inference.mcmc.kernel import (
     check_probability,
     halton,
 )
-from probtransformer.inference.mcmc.mclmc import BACKOFF, ESS_COORDINATES
+from probtransformer.inference.mcmc.mclmc_adaptation import BACKOFF, steps_per_effective_draw
 from probtransformer.validation import check_int
 
 #: MAMS's target acceptance probability (BlackJAX's default for adjusted MCLMC).
@@ -66,7 +67,8 @@ INITIAL_STEPS = 5.0
 PHASES = (0.2, 0.15, 0.2, 0.2)
 
 #: ``L`` from the variances: this factor times ``sqrt(sum of the variances)`` (BlackJAX's
-#: ``tuning_factor``); from the ESS: this factor times ``L / (ESS per draw)``.
+#: ``tuning_factor``); from the ESS: this factor times ``L`` times the mean over coordinates of
+#: draws per effective draw (BlackJAX divides by the mean ESS per draw instead).
 VARIANCE_L_FACTOR, ESS_L_FACTOR = 1.3, 0.4
 
 #: The most a tuning phase multiplies ``L`` by (BlackJAX's ``Lratio_upperbound``).
@@ -391,8 +393,8 @@ class AdjustedMCLMCSampler(ManyChainSampler):
             draws.append(state.z)
             yield
         if n4 >= 5:
-            per_draw = _ess_per_draw(draws, self.groups, self.num_groups)
-            self.L = torch.minimum(ESS_L_FACTOR * self.L / per_draw, MAX_L_CHANGE * self.L)
+            per_effective = steps_per_effective_draw(draws, self.groups, self.num_groups)
+            self.L = torch.minimum(ESS_L_FACTOR * self.L * per_effective, MAX_L_CHANGE * self.L)
         return (yield from self._dual_averaging(state, n5, track_L=False))
 
     def _dual_averaging(self, state: ChainState, steps: int, *, track_L: bool):
@@ -468,25 +470,6 @@ class _Moments:
                                                                      self.weights)  # fmt: skip
         variance = (sums / weight.clamp_min(1.0)[:, None]).clamp_min(1e-10)
         return torch.where(weight[:, None] > 0, variance, 1.0)
-
-
-def _ess_per_draw(draws: list[torch.Tensor], groups: torch.Tensor, num_groups: int):
-    """``(G,)`` float64 bulk ESS per draw (arviz-stats), averaged over (up to
-    ``ESS_COORDINATES`` evenly spaced) coordinates, each group's chains pooled."""
-    from arviz_stats.base import array_stats
-
-    x = torch.stack(draws, 1)  # (K, n, D)
-    columns = torch.linspace(0, x.shape[2] - 1, min(x.shape[2], ESS_COORDINATES)).long()
-    x = x[..., columns.to(x.device)].detach().double().cpu().numpy()
-    groups = groups.cpu().numpy()
-    out = []
-    for g in range(num_groups):
-        values = x[groups == g]
-        ess = array_stats.ess(np.moveaxis(values, -1, 0), chain_axis=-2, draw_axis=-1)
-        ess = ess[np.isfinite(ess) & (ess > 0)]
-        total = values.shape[0] * values.shape[1]
-        out.append(float(np.mean(ess)) / total if ess.size else 1.0 / total)
-    return torch.tensor(out, dtype=torch.float64)
 
 
 __all__ = [

@@ -25,7 +25,7 @@ from probtransformer.inference.mcmc.adjusted_mclmc import (
 )
 from probtransformer.inference.mcmc.density import VectorizedDensity
 from probtransformer.inference.mcmc.kernel import ChainRNG
-from probtransformer.inference.mcmc.mclmc import MCLMC
+from probtransformer.inference.mcmc.mclmc import MCLMCSampler
 from probtransformer.inference.mcmc.starts import prior_states
 from tests.inference.test_correctness import (
     REFERENCE,
@@ -123,8 +123,8 @@ def test_the_metropolis_step_removes_the_bias_unadjusted_mclmc_has_at_the_same_s
     (0.2-1.7 MCSE over seeds 4-9) while it rejects about one proposal in six."""
     z0 = torch.randn(64, 100, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     z0 = z0 * SD
-    unadjusted = MCLMC(gaussian, ChainRNG(0, 64, CPU))
-    state, u = unadjusted.init(z0)
+    unadjusted = MCLMCSampler(gaussian, ChainRNG(0, 64, CPU))
+    state, u = unadjusted.start(z0)
     unadjusted.step_size, unadjusted.L = torch.tensor([0.1]), torch.tensor([1.0])
     kept = []
     for i in range(400):

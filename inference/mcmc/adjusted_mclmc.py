@@ -365,12 +365,7 @@ class AdjustedMCLMCSampler(ManyChainSampler):
         """``num_warmup`` adapting transitions in the five phases of the module docstring,
         yielding after each."""
         n1, n2, n3, n4, n5 = self._phases()
-        da = DualAveraging(mu=torch.log(10 * self.step_size))
-        for _ in range(n1):
-            state = self._adapting(state, da, track_L=True, moments=None)
-            yield
-        if da.t:
-            self._set_step_size(torch.exp(da.log_x_avg), track_L=True)
+        state = yield from self._dual_averaging(state, n1, track_L=True)
         moments = _Moments(self.starts, self.groups, self.num_groups, state.z.shape[1])
         for _ in range(n2):
             state = self._adapting(state, None, track_L=True, moments=moments)

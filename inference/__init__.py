@@ -1,6 +1,7 @@
 """Inference for Bayesian Transformers: fits that return one ``Posterior``."""
 
 from probtransformer.inference.ensembles.baselines import fit_ensemble, fit_map, fit_mc_dropout
+from probtransformer.inference.mcmc.adjusted_mclmc import AdjustedMCLMC
 from probtransformer.inference.mcmc.chees import ChEES
 from probtransformer.inference.mcmc.driver import fit_mcmc
 from probtransformer.inference.mcmc.hmc import HMC, NUTS
@@ -25,6 +26,7 @@ from probtransformer.inference.vi.svi import (
 )
 
 __all__ = [
+    "AdjustedMCLMC",
     "BLACKJAX_TUNING",
     "HMC",
     "MCLMC",

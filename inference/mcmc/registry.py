@@ -5,6 +5,7 @@ scikit-learn wrappers and ``diagnose`` read. A new kernel is one file and one en
 
 from __future__ import annotations
 
+from probtransformer.inference.mcmc.adjusted_mclmc import AdjustedMCLMC
 from probtransformer.inference.mcmc.chees import ChEES
 from probtransformer.inference.mcmc.hmc import HMC, NUTS
 from probtransformer.inference.mcmc.kernel import Kernel, ManyChainKernel
@@ -12,7 +13,9 @@ from probtransformer.inference.mcmc.mclmc import MCLMC
 from probtransformer.inference.mcmc.starts import EnsembleStarts, MAPStarts, PriorStarts, Starts
 
 #: ``{name: settings class}`` of every kernel, in the order the CLI lists them.
-KERNELS: dict[str, type[Kernel]] = {cls.name: cls for cls in (NUTS, HMC, ChEES, MCLMC)}
+KERNELS: dict[str, type[Kernel]] = {
+    cls.name: cls for cls in (NUTS, HMC, ChEES, MCLMC, AdjustedMCLMC)
+}
 
 #: The kernels that run K chains together through the model's draw dim.
 MANY_CHAIN_KERNELS = tuple(n for n, cls in KERNELS.items() if issubclass(cls, ManyChainKernel))

@@ -157,9 +157,19 @@ KERNEL_DEFAULTS: dict[str, dict[str, str]] = {
         "full_mass": "False",
     },
     "mclmc": {"temperature": "1.0", "compile": "None", "thinning": "None"},
+    "adjusted-mclmc": {
+        "temperature": "1.0",
+        "compile": "None",
+        "target_accept_prob": "0.9",
+        "step_size": "None",
+        "L": "None",
+        "diagonal_preconditioning": "True",
+        "random_trajectory_length": "True",
+        "max_steps": "1024",
+    },
 }
 #: The kernels that run K chains through the draw dim (``registry.MANY_CHAIN_KERNELS``).
-MANY_CHAIN_KERNELS: tuple[str, ...] = ("chees", "mclmc")
+MANY_CHAIN_KERNELS: tuple[str, ...] = ("chees", "mclmc", "adjusted-mclmc")
 #: ``inference.mcmc.registry.STARTS``: the choices of ``--init``.
 START_NAMES: tuple[str, ...] = ("prior", "map", "ensemble")
 # END generated

@@ -281,7 +281,10 @@ def test_compile_is_checked():
     with pytest.raises(TypeError, match="unexpected keyword argument 'compile'"):
         NUTS(compile=True)
     with (
-        pytest.raises(ValueError, match="compile applies to kernel='chees'/'mclmc'/'adjusted-mclmc', not 'nuts'"),
+        pytest.raises(
+            ValueError,
+            match="compile applies to kernel='chees'/'mclmc'/'adjusted-mclmc', not 'nuts'",
+        ),
         pytest.warns(DeprecationWarning),
     ):
         fit_mcmc(model, data, kernel="nuts", compile=True, progress=False)

@@ -228,7 +228,10 @@ def test_fit_help_shows_the_library_defaults(capsys):
     # MCMC-only options: the preset kernel's value first, then kernels whose preset differs
     assert CHEES_TARGET_ACCEPT == 0.651 and mcmc["map_steps"].default == 1000
     for option, shown in (
-        ("--kernel {nuts,hmc,chees,mclmc,adjusted-mclmc}", f"default: chees; mile: {mile_preset()['kernel']}"),
+        (
+            "--kernel {nuts,hmc,chees,mclmc,adjusted-mclmc}",
+            f"default: chees; mile: {mile_preset()['kernel']}",
+        ),
         ("--num-chains N", f"default: {preset['num_chains']}; nuts, hmc: {nuts['num_chains']}"),
         (
             "--num-draws N",
@@ -594,7 +597,11 @@ def test_mile_fits_an_ensemble_then_chains_per_member(tmp_path, capsys):
     "inference, args, message",
     [
         ("mile", ["--num-chains", "4"], "--num-chains applies to --inference mcmc, not mile"),
-        ("mile", ["--kernel", "nuts"], "--inference mile runs --kernel chees or mclmc or adjusted-mclmc, not nuts"),
+        (
+            "mile",
+            ["--kernel", "nuts"],
+            "--inference mile runs --kernel chees or mclmc or adjusted-mclmc, not nuts",
+        ),
         ("mile", ["--init", "prior"], "--init applies to --inference mcmc, not mile"),
         ("ensemble", ["--thinning", "5"], "--thinning applies to --inference mile, not ensemble"),
         ("map", ["--chains-per-member", "2"], "--chains-per-member applies to --inference mile"),

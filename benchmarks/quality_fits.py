@@ -28,6 +28,8 @@ from benchmarks._pyro_gradients import count_gradients
 from benchmarks._suite import Context, budgeted_steps
 from probtransformer.datasets import SequenceData
 from probtransformer.inference import (
+    ChEES,
+    EnsembleStarts,
     Posterior,
     fit_ensemble,
     fit_map,
@@ -355,7 +357,7 @@ def fit_chees(
     seed: int,
     ctx: Context,
 ) -> tuple[Posterior, dict]:
-    """ChEES-HMC (``fit_mcmc(kernel="chees", init="ensemble")``) sized to
+    """ChEES-HMC (``fit_mcmc(kernel=ChEES(), starts=EnsembleStarts(M))``) sized to
     ``CHEES_PLAN_SHARE`` x ``CHEES_COST_RATIO`` x ``ensemble_seconds`` (``plan_chees``, from
     timed gradients); the row records whether the fit kept to ``CHEES_COST_RATIO`` x."""
     chains, starts = sizes.chees_chains, sizes.chees_starts
@@ -363,10 +365,9 @@ def fit_chees(
     budget_s = CHEES_PLAN_SHARE * CHEES_COST_RATIO * ensemble_seconds
     plan = plan_chees(budget_s, gradient_seconds, map_step_seconds, sizes)
     settings = dict(
-        kernel="chees",
+        kernel=ChEES(),
+        starts=EnsembleStarts(starts),
         num_chains=chains,
-        num_starts=starts,
-        init="ensemble",
         **plan,
         device=ctx.device,
         seed=seed,

@@ -94,11 +94,9 @@ svi = fit_svi(model, train, num_steps=SVI_STEPS, seed=0, progress=not SMOKE)
 print(f"SVI: {SVI_STEPS} steps in {svi.record['seconds']:.1f} s")
 
 # %%
-sampler = dict(num_warmup=10, num_samples=10, max_tree_depth=3) if SMOKE else {}
-sampler = {"num_warmup": 100, "num_samples": 100, "max_tree_depth": 6, **sampler}
-nuts = fit_mcmc(
-    model, train, kernel=NUTS(jit_compile=True), num_chains=2, seed=0, progress=not SMOKE, **sampler
-)
+sampler = dict(num_warmup=10, num_samples=10) if SMOKE else dict(num_warmup=100, num_samples=100)
+kernel = NUTS(max_tree_depth=3 if SMOKE else 6, jit_compile=True)
+nuts = fit_mcmc(model, train, kernel=kernel, num_chains=2, seed=0, progress=not SMOKE, **sampler)
 chains, draws = nuts.samples["head.weight"].shape[:2]
 assert nuts.samples["head.weight"].shape == (chains, draws, C, 8)
 print(f"NUTS: {chains} chains x {draws} draws in {nuts.record['seconds']:.1f} s")

@@ -5,14 +5,14 @@ Two parts, each in one process:
 
 - ``chain_gradients(device, ks)``: chain-gradients per second of ``VectorizedDensity`` (log
   density and gradient of K chains in one call) for each K, against Pyro's ``potential_fn``
-  (one chain, the gradient ``fit_mcmc(kernel="nuts")`` pays) on the same model and rows.
+  (one chain, the gradient ``fit_mcmc(kernel=NUTS())`` pays) on the same model and rows.
   ``benchmarks.studies.gpu_check`` prints it for CUDA and CPU.
 - ``compare``: the sampler rows, on the fully Bayesian ``SequenceClassifier`` of the NUTS
   benchmark (d_model 8, 2 heads, 1 layer, d_ff 16: 780 latents), first 100 digits training rows,
   first 100 test rows, one CPU thread:
   - NumPyro NUTS, one chain (``chain_method="sequential"``; compile time taken out);
   - NumPyro NUTS, K chains, ``chain_method="vectorized"`` (compile time taken out);
-  - ``fit_mcmc(kernel="chees")``, K chains from M ensemble starts; its seconds count the
+  - ``fit_mcmc(kernel=ChEES())``, K chains from M ensemble starts; its seconds count the
     starts (batched MAP fits) and the warm-up.
 
   Figures per row: chain-gradients (leapfrog steps of every chain, warm-up included) per
@@ -55,8 +55,9 @@ from benchmarks.studies.nuts_vs_numpyro import (
     run_numpyro,
 )
 from probtransformer import metrics
-from probtransformer.inference import ChEES, EnsembleStarts, fit_mcmc
+from probtransformer.inference import MCLMC, ChEES, EnsembleStarts, PriorStarts, fit_mcmc
 from probtransformer.inference.mcmc.density import VectorizedDensity
+from probtransformer.inference.mcmc.registry import STARTS
 from probtransformer.inference.mcmc.starts import prior_states
 from probtransformer.models import SequenceClassifier
 
@@ -115,7 +116,8 @@ def _sync(device: torch.device) -> None:
 def run_chees(
     model, train, test, *, num_chains, num_starts, num_warmup, num_samples, seed, compile=None
 ) -> Run:
-    """``fit_mcmc(kernel="chees", init="ensemble", compile=compile)``; seconds include starts,
+    """``fit_mcmc(kernel=ChEES(compile=compile), starts=EnsembleStarts(M))``; seconds include
+    starts,
     warm-up and compiling (``torch_compile_seconds`` says how much of them)."""
     start, start_cpu = time.perf_counter(), time.process_time()
     post = fit_mcmc(
@@ -175,16 +177,16 @@ def regression_bias(*, num_chains: int = 32, num_samples: int = 500, seed: int =
     exact = model.analytic_posterior(x, y)
     mean, sd = exact.mean.numpy(), exact.variance.sqrt().numpy()
     out = {}
-    for kernel in ("chees", "mclmc"):
+    for kernel in (ChEES(), MCLMC()):
         post = fit_mcmc(
-            model, data, kernel=kernel, num_chains=num_chains, num_starts=4, init="prior",
+            model, data, kernel=kernel, num_chains=num_chains, starts=PriorStarts(4),
             num_warmup=500, num_samples=num_samples, seed=seed, progress=False,
         )  # fmt: skip
         draws = torch.cat([post.samples["weight"], post.samples["bias"][..., None]], -1)
         draws = draws.double().numpy()  # (chain, draw, 4)
         ess = array_stats.ess(np.moveaxis(draws, -1, 0), method="mean")  # (4,)
         est = draws.mean((0, 1))
-        out[kernel] = dict(
+        out[kernel.name] = dict(
             z_mean=((est - mean) / (draws.std((0, 1)) / np.sqrt(ess))).tolist(),
             sd_ratio=(draws.std((0, 1)) / sd).tolist(),
             ess=ess.tolist(),
@@ -221,12 +223,13 @@ def convergence(
     and NLL of the predictive mean.
     """
     train, test = load_data(train_rows, test_rows, seed)
+    starts_options = {} if init == "map" else {"num_starts": num_starts}  # one MAP fit
     start = time.perf_counter()
     post = fit_mcmc(
-        SequenceClassifier(**{**sizes, "bayesian": tuple(bayesian)}), train, kernel="chees",
-        num_chains=num_chains, num_starts=num_starts, init=init, num_warmup=num_warmup,
-        num_samples=num_samples, map_steps=500, seed=seed, progress=progress,
-        full_mass=full_mass,
+        SequenceClassifier(**{**sizes, "bayesian": tuple(bayesian)}), train,
+        kernel=ChEES(full_mass=full_mass), starts=STARTS[init](**starts_options),
+        num_chains=num_chains, num_warmup=num_warmup, num_samples=num_samples, map_steps=500,
+        seed=seed, progress=progress,
     )  # fmt: skip
     seconds = time.perf_counter() - start
     table = post.diagnose(train, verbose=False)

@@ -48,25 +48,20 @@ def fit_mile(
     progress: bool = True,
     **ensemble_options,
 ) -> Posterior:
-    """Sample around every member of a deep ensemble: MILE (Sommer et al. 2025).
+    """Sample around every member of a deep ensemble: MILE (Sommer et al. 2025), as
+    ``fit_mcmc(kernel=MCLMC(tuning=MILE_TUNING, thinning=thinning),
+    starts=EnsembleStarts(ensemble=fit_ensemble(...)))``.
 
-    1. A deep ensemble of ``n_members`` MAP fits (``fit_ensemble``, batched, seeds ``seed``
-       ... ``seed + n_members - 1``, with ``ensemble_options``), or the ensemble given.
-    2. ``chains_per_member`` chains start from each member's latent values; each chain keeps
-       its member's point-estimate parameters (``posterior.members``). The model runs in eval
-       mode (dropout off: the target density is deterministic).
-    3. Each member's chains are tuned on their own, ``num_warmup`` steps: MCLMC with MILE's
-       warm-up (``tuning``: a target energy-error variance per dimension decaying 0.5 -> 0.1
-       over phases of 0.8 / 0.1 / 0.1, a non-finite step rejected and the step size capped at
-       0.8 of it), or ChEES (``kernel="chees"``: Metropolis-adjusted, exact; ``num_warmup``
-       transitions).
-    4. ``num_samples`` draws are kept per chain, one every ``thinning`` integrator steps
-       (MCLMC; MILE keeps 1,000 of 10,000 steps); ChEES keeps every transition.
-
-    MCLMC is unadjusted: its draws carry a step-size bias that MILE's large energy-error
-    target accepts for speed (``record["energy_error_var_per_dim_by_start"]``; ``diagnose``
-    flags a variance above 10x the target). The chains of one member explore one mode; modes
-    are not expected to mix, so the posterior is an equally weighted mixture of the members'
+    A batched deep ensemble of ``n_members`` MAP fits (seeds ``seed`` ... ``seed + n_members -
+    1``, ``ensemble_options``), or the ``ensemble`` given; ``chains_per_member`` chains start
+    from each member's latent values and keep its point-estimate parameters
+    (``posterior.members``); each member's chains are tuned on their own in ``num_warmup``
+    steps, MILE's warm-up by default (an energy-error target decaying 0.5 -> 0.1 per dimension,
+    a non-finite step rejected and the step size capped at 0.8 of it), then ``num_samples``
+    draws are kept, one every ``thinning`` integrator steps. MCLMC is unadjusted: MILE's large
+    energy-error target buys speed with a step-size bias that ``diagnose`` flags above 10x the
+    target; ``kernel="chees"`` or ``"adjusted-mclmc"`` are Metropolis-adjusted (exact). Modes
+    are not expected to mix: the posterior is an equally weighted mixture of the members'
     local posteriors, and ``diagnose`` checks convergence within each member.
 
     Args:
@@ -82,14 +77,11 @@ def fit_mile(
         kernel: a many-chain kernel's name (``"mclmc"``, MILE's; ``"chees"`` ...) built with
             ``tuning``, ``thinning``, ``temperature`` and ``compile`` where it reads them, or
             its settings object (then those four are its own).
-        num_warmup: MCLMC tuning steps (>= 30) or ChEES warm-up transitions per chain.
+        num_warmup: warm-up steps per chain (MCLMC: tuning integrator steps, >= 30).
         num_samples: kept draws per chain (>= 1).
         thinning: MCLMC integrator steps per kept draw (>= 1).
-        tuning: MCLMC's ``mclmc.Tuning`` (MILE's by default; ``mclmc.BLACKJAX_TUNING`` for a
-            small energy error).
-        temperature: ``T > 0``; the likelihood enters as ``p(y | θ)^(1 / T)``. 1 (the default)
-            samples the Bayesian posterior; any other value is recorded and shown by
-            ``diagnose``.
+        tuning: MCLMC's ``Tuning`` (MILE's; ``BLACKJAX_TUNING`` for a small energy error).
+        temperature: ``T > 0``; the likelihood enters as ``p(y | θ)^(1 / T)`` (1: Bayesian).
         compile: evaluate the log density compiled (``fit_mcmc``'s rule: True, False or None).
         device: where the ensemble is fitted (``"auto"``, ``"cpu"``, ``"cuda"`` ...); the
             chains run where the ensemble lives.
@@ -103,8 +95,7 @@ def fit_mile(
         ``k // chains_per_member``) and ``members`` (each chain's point estimates);
         ``record``: ``method="mcmc"``, ``route="mile"``, ``init="ensemble"``, ``superchain``
         (each chain's member), the ensemble's record and seconds, every setting, the tuned step
-        size and L per member, the energy-error variance per dimension per member (MCLMC),
-        ``sample_stats``, ``temperature`` and ``seconds`` (ensemble included).
+        size and L per member, ``sample_stats`` and ``seconds`` (ensemble included).
 
     Raises:
         TypeError/ValueError: bad model, data or settings (named); an ``ensemble`` that is not
@@ -120,14 +111,9 @@ def fit_mile(
     if not isinstance(kernel, ManyChainKernel):
         if kernel not in MANY_CHAIN_KERNELS:
             raise ValueError(f"kernel must be one of {MANY_CHAIN_KERNELS}, got {kernel!r}")
-        cls = kernel_class(kernel)
-        given = dict(tuning=tuning, thinning=thinning)
-        names = {f.name for f in fields(cls)}
-        kernel = cls(
-            **{k: v for k, v in given.items() if k in names},
-            temperature=temperature,
-            compile=compile,
-        )
+        cls, local = kernel_class(kernel), dict(tuning=tuning, thinning=thinning)
+        own = {f.name: local[f.name] for f in fields(cls) if f.name in local}
+        kernel = cls(**own, temperature=temperature, compile=compile)
     check_int("num_warmup", num_warmup, minimum=0, type_error=True)
     if kernel.warmup_steps(num_warmup) != num_warmup:
         raise ValueError(

@@ -28,6 +28,7 @@ from benchmarks._pyro_gradients import count_gradients
 from benchmarks._suite import Context, budgeted_steps
 from probtransformer.datasets import SequenceData
 from probtransformer.inference import (
+    NUTS,
     ChEES,
     EnsembleStarts,
     Posterior,
@@ -244,9 +245,8 @@ def fit_nuts(
     """NUTS on the small fully Bayesian model; kept draws cut by a timed pilot chain so that
     every transition at the depth cap would fit the budget."""
     settings = dict(
+        kernel=NUTS(max_tree_depth=sizes.max_tree_depth, jit_compile=True),
         num_chains=1,
-        max_tree_depth=sizes.max_tree_depth,
-        jit_compile=True,
         device=ctx.device,
         seed=seed,
         progress=False,

@@ -10,8 +10,9 @@ from typing import Any
 
 from probtransformer.cli._common import CLIError
 from probtransformer.cli.library_defaults import KERNEL_DEFAULTS, MANY_CHAIN_KERNELS, START_NAMES
+from probtransformer.methods import MAP_BASED, METHODS
 
-INFERENCES = ("svi", "map", "mcmc", "mile", "mc-dropout", "ensemble")
+INFERENCES = tuple(METHODS)
 #: None: the guide is --guide's (or fit_svi's); the baselines (and MILE's ensemble) are MAP
 #: fits (AutoDelta)
 INFERENCE_GUIDES = {
@@ -33,7 +34,7 @@ MILE_MCMC_OPTIONS = ("kernel", "num_warmup", "num_draws", "compile", "temperatur
 #: mcmc with a many-chain kernel, its chains sharded).
 DISTRIBUTED_INFERENCE = ("svi", "map", "mc-dropout")
 #: The MAP-based fits of ``probtransformer.inference.ensembles.baselines``, by --inference.
-MAP_FITS = {"map": "fit_map", "mc-dropout": "fit_mc_dropout", "ensemble": "fit_ensemble"}
+MAP_FITS = {name: METHODS[name] for name in MAP_BASED}
 #: ``fit_mcmc``'s kernels (``inference.mcmc.registry.KERNELS``, through the generated
 #: ``library_defaults`` so that ``--help`` imports no torch).
 KERNELS = tuple(KERNEL_DEFAULTS)

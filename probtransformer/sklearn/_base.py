@@ -14,6 +14,8 @@ from sklearn.base import BaseEstimator
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_array, check_is_fitted
 
+from probtransformer.methods import METHODS
+
 try:
     from sklearn.utils.validation import validate_data
 except ImportError:  # scikit-learn < 1.6: the method that validate_data replaced
@@ -22,14 +24,9 @@ except ImportError:  # scikit-learn < 1.6: the method that validate_data replace
         return estimator._validate_data(X, y, **kwargs)
 
 
-#: The values of ``inference``: the library's fit functions they call.
-INFERENCES = {
-    "svi": "fit_svi",
-    "map": "fit_map",
-    "mc-dropout": "fit_mc_dropout",
-    "ensemble": "fit_ensemble",
-    "mcmc": "fit_mcmc",
-}
+#: The values of ``inference``: the library's fit functions they call (every method of
+#: ``probtransformer.methods`` but MILE, whose ensemble the estimators' settings do not size).
+INFERENCES = {name: fit for name, fit in METHODS.items() if name != "mile"}
 #: The checks of scikit-learn's ``check_estimator`` that may fail, with why; pass it as
 #: ``check_estimator(estimator, expected_failed_checks=EXPECTED_FAILED_CHECKS)``. Every other
 #: check passes.

@@ -39,6 +39,7 @@ BUILDING_BLOCKS = (
     "_progress",
     "data",
     "datasets",
+    "methods",  # the inference methods' names: no torch
     "report_sections",  # HTML pieces the tasks render their report sections with
 )
 
@@ -213,3 +214,14 @@ def test_the_reader_sees_lazy_and_string_imports(monkeypatch):
         "probtransformer.layers (building block) imports probtransformer.inference.fit_svi",
         "probtransformer.layers (building block) imports probtransformer.tasks.classification",
     ]
+
+
+def test_the_methods_table_names_public_fit_functions():
+    """``probtransformer.methods`` names each method's fit function without importing torch;
+    every name must be a public function of ``probtransformer.inference``."""
+    import probtransformer.inference as inference
+    from probtransformer.methods import MAP_BASED, METHODS
+
+    for name, function in METHODS.items():
+        assert function in inference.__all__ and callable(getattr(inference, function)), name
+    assert set(MAP_BASED) <= set(METHODS)

@@ -19,10 +19,14 @@ import torch
 __all__ = [
     "as_tensor",
     "check_finite",
+    "check_flag",
     "check_int",
     "check_labels",
+    "check_positive",
+    "check_probability",
     "check_num_classes",
     "check_sequence_inputs",
+    "described",
     "check_sizes",
     "check_values",
     "is_int",
@@ -144,6 +148,11 @@ def value_and_type(value: object) -> str:
     return f"{value!r} of type {type(value).__name__} (pass a Python int)"
 
 
+def described(value: object) -> str:
+    """``value`` for an error message, with its type (``np.float64(0.5)`` prints like 0.5)."""
+    return f"{value!r} of type {type(value).__name__}"
+
+
 def check_sequence_inputs(
     x: torch.Tensor,
     y: torch.Tensor | None,
@@ -253,3 +262,36 @@ def check_values(y: torch.Tensor, shape: tuple[int, ...], *, dims: str = "") -> 
         raise ValueError(f"y must have shape {dims}={shape}, got {tuple(y.shape)}")
     if not torch.isfinite(y).all():
         raise ValueError("y contains NaN or inf values: drop or impute those targets first")
+
+
+def check_probability(name: str, value: object) -> None:
+    """``value`` is a float in (0, 1).
+
+    Raises:
+        ValueError: anything else, named.
+    """
+    if not (isinstance(value, float) and 0 < value < 1):
+        raise ValueError(f"{name} must be a float in (0, 1), got {described(value)}")
+
+
+def check_positive(name: str, value: object, *, none: bool = False) -> None:
+    """``value`` is a finite number > 0 (or None, where ``none``).
+
+    Raises:
+        ValueError: anything else, named.
+    """
+    if none and value is None:
+        return
+    if isinstance(value, bool) or not (isinstance(value, (int, float)) and 0 < value < math.inf):
+        raise ValueError(f"{name} must be a finite number > 0, got {described(value)}")
+
+
+def check_flag(name: str, value: object, *, none: bool = False) -> None:
+    """``value`` is a Python bool (or None, where ``none``).
+
+    Raises:
+        TypeError: anything else (``np.True_`` too), named.
+    """
+    if not (isinstance(value, bool) or (none and value is None)):
+        allowed = "True, False or None" if none else "a Python bool"
+        raise TypeError(f"{name} must be {allowed}, got {described(value)}")

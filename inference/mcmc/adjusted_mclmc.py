@@ -48,13 +48,10 @@ from probtransformer.inference.mcmc.kernel import (
     LogDensity,
     ManyChainKernel,
     ManyChainSampler,
-    check_flag,
-    check_positive,
-    check_probability,
     halton,
 )
 from probtransformer.inference.mcmc.mclmc_adaptation import BACKOFF, steps_per_effective_draw
-from probtransformer.validation import check_int
+from probtransformer.validation import check_flag, check_int, check_positive, check_probability
 
 #: MAMS's target acceptance probability (BlackJAX's default for adjusted MCLMC).
 ADJUSTED_TARGET_ACCEPT = 0.9

@@ -46,11 +46,9 @@ from probtransformer.inference.mcmc.kernel import (
     LogDensity,
     ManyChainKernel,
     ManyChainSampler,
-    check_flag,
-    check_positive,
-    check_probability,
     halton,
 )
+from probtransformer.validation import check_flag, check_positive, check_probability
 
 #: The ChEES target of the harmonic-mean acceptance probability (Beskos et al. 2013's optimum,
 #: BlackJAX's default).

@@ -50,7 +50,7 @@ from probtransformer.inference.model_checks import check_sampled_sites, latent_s
 from probtransformer.inference.posterior.posterior import Posterior
 from probtransformer.inference.vi.guides import has_local_latents
 from probtransformer.inference.vi.svi import fit_svi
-from probtransformer.validation import check_int, value_and_type
+from probtransformer.validation import check_int, described
 
 #: ``fit_mcmc``'s kernel unless one is given.
 DEFAULT_KERNEL = NUTS()
@@ -338,7 +338,7 @@ def fit_mcmc(
 def sharding(distributed: object, many: bool, num_chains: int, device) -> DataParallel | None:
     """The process group the chains are sharded over (``distributed=True``), checked."""
     if not isinstance(distributed, bool):
-        raise TypeError(f"distributed must be True or False, got {value_and_type(distributed)}")
+        raise TypeError(f"distributed must be True or False, got {described(distributed)}")
     if not distributed:
         return None
     if not many:
@@ -365,13 +365,13 @@ def _check_kernel(kernel: object, starts: object) -> bool:
     if not isinstance(kernel, Kernel):
         raise TypeError(
             "kernel must be a kernel settings object (NUTS(), HMC(), ChEES(), MCLMC() ...), got "
-            f"{value_and_type(kernel)}"
+            f"{described(kernel)}"
         )
     many = isinstance(kernel, ManyChainKernel)
     if starts is not None and not isinstance(starts, Starts):
         raise TypeError(
             "starts must be PriorStarts(...), MAPStarts() or EnsembleStarts(...), got "
-            f"{value_and_type(starts)}"
+            f"{described(starts)}"
         )
     if starts is not None and not many:
         raise ValueError(

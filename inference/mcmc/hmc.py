@@ -20,12 +20,9 @@ from pyro.infer.autoguide.initialization import init_to_uniform
 from probtransformer.inference.mcmc.kernel import (
     Flag,
     PyroKernel,
-    check_flag,
-    check_positive,
-    check_probability,
 )
 from probtransformer.inference.mcmc.pyro_runner import RecordingHMC, RecordingNUTS
-from probtransformer.validation import check_int
+from probtransformer.validation import check_flag, check_int, check_positive, check_probability
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,6 @@ the Halton jitter and the divergence threshold.
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator
 from dataclasses import asdict, dataclass, field, fields
@@ -29,7 +28,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from probtransformer.validation import value_and_type
+from probtransformer.validation import check_flag, check_positive
 
 #: An energy error above this many nats is a divergent transition (Stan, Pyro).
 MAX_ENERGY_ERROR = 1000.0
@@ -80,39 +79,6 @@ def halton(index: int, base: int = 2) -> float:
         result += f * (index % base)
         index //= base
     return result
-
-
-def check_probability(name: str, value: object) -> None:
-    """``value`` is a float in (0, 1).
-
-    Raises:
-        ValueError: anything else, named.
-    """
-    if not (isinstance(value, float) and 0 < value < 1):
-        raise ValueError(f"{name} must be a float in (0, 1), got {value_and_type(value)}")
-
-
-def check_positive(name: str, value: object, *, none: bool = False) -> None:
-    """``value`` is a finite number > 0 (or None, where ``none``).
-
-    Raises:
-        ValueError: anything else, named.
-    """
-    if none and value is None:
-        return
-    if isinstance(value, bool) or not (isinstance(value, (int, float)) and 0 < value < math.inf):
-        raise ValueError(f"{name} must be a finite number > 0, got {value_and_type(value)}")
-
-
-def check_flag(name: str, value: object, *, none: bool = False) -> None:
-    """``value`` is a Python bool (or None, where ``none``).
-
-    Raises:
-        TypeError: anything else (``np.True_`` too), named.
-    """
-    if not (isinstance(value, bool) or (none and value is None)):
-        allowed = "True, False or None" if none else "a Python bool"
-        raise TypeError(f"{name} must be {allowed}, got {value_and_type(value)}")
 
 
 @dataclass
@@ -274,8 +240,5 @@ __all__ = [
     "ManyChainKernel",
     "ManyChainSampler",
     "PyroKernel",
-    "check_flag",
-    "check_positive",
-    "check_probability",
     "halton",
 ]

@@ -39,7 +39,7 @@ from probtransformer.inference.mcmc.mclmc_adaptation import (
     Tuning,
     steps_per_effective_draw,
 )
-from probtransformer.validation import check_int, value_and_type
+from probtransformer.validation import check_int, described
 
 #: Steps from the starting state whose energy error chooses the initial step size.
 PROBE_STEPS = 3
@@ -86,7 +86,7 @@ class MCLMC(ManyChainKernel):
     def __post_init__(self) -> None:
         super().__post_init__()
         if not isinstance(self.tuning, Tuning):
-            raise TypeError(f"tuning must be an mclmc.Tuning, got {value_and_type(self.tuning)}")
+            raise TypeError(f"tuning must be an mclmc.Tuning, got {described(self.tuning)}")
         if self.thinning is not None:
             check_int("thinning", self.thinning, type_error=True)
 

@@ -41,7 +41,7 @@ from probtransformer.inference.mcmc.many_chain_runner import sample_chains
 from probtransformer.inference.model_checks import DRAWS_DIM, DRAWS_PLATE
 from probtransformer.inference.posterior.prediction import activation_bytes
 from probtransformer.inference.vi.schedule import lr_scheduler
-from probtransformer.validation import check_int, value_and_type
+from probtransformer.validation import check_int, described
 
 if TYPE_CHECKING:
     from probtransformer.inference.posterior.posterior import Posterior
@@ -152,7 +152,7 @@ class EnsembleStarts(Starts):
         if method != "ensemble":
             raise ValueError(
                 "ensemble must be a fit_ensemble posterior (record['method'] == 'ensemble'), "
-                f"got {value_and_type(self.ensemble) if method is None else method!r}"
+                f"got {described(self.ensemble) if method is None else method!r}"
             )
         members = next(iter(self.ensemble.samples.values())).shape[1]
         if self.num_starts not in (None, members):

@@ -14,7 +14,7 @@ import pytest
 
 import probtransformer.datasets
 import probtransformer.inference
-from probtransformer.inference import Posterior
+from probtransformer.inference import NUTS, Posterior
 
 README = Path(__file__).parents[1] / "README.md"
 
@@ -24,7 +24,7 @@ CAPS = {
     "fit_map": {"num_steps": 10},
     "fit_mc_dropout": {"num_steps": 10},
     "fit_ensemble": {"num_steps": 10, "n_members": 2},
-    "fit_mcmc": {"num_warmup": 5, "num_samples": 5, "max_tree_depth": 3, "map_steps": 10},
+    "fit_mcmc": {"num_warmup": 5, "num_samples": 5, "map_steps": 10},
     "fit_mile": {"num_warmup": 30, "num_samples": 3, "thinning": 2, "chains_per_member": 1},
 }
 #: Rows kept of each split by the wrapped ``load``.
@@ -40,6 +40,9 @@ def _capped(fit, caps):
     def run(*args, **kwargs):
         for key, cap in caps.items():
             kwargs[key] = min(kwargs.get(key, cap), cap)
+        kernel = kwargs.get("kernel", NUTS() if fit.__name__ == "fit_mcmc" else None)
+        if isinstance(kernel, NUTS):  # short trajectories
+            kwargs["kernel"] = dataclasses.replace(kernel, max_tree_depth=3)
         return fit(*args, **{**kwargs, "progress": False})
 
     return run

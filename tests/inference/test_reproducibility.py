@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from probtransformer.datasets import SequenceData
-from probtransformer.inference import fit_ensemble, fit_map, fit_mc_dropout, fit_mcmc, fit_svi
+from probtransformer.inference import NUTS, fit_ensemble, fit_map, fit_mc_dropout, fit_mcmc, fit_svi
 from probtransformer.models import CausalLM, SequenceClassifier, generate
 
 TINY = dict(d_model=8, num_heads=2, num_layers=1, d_ff=8)
@@ -18,7 +18,12 @@ FITS = {
     "mcmc": (
         fit_mcmc,
         dict(
-            num_chains=1, num_warmup=3, num_samples=3, max_tree_depth=3, map_steps=5, progress=False
+            kernel=NUTS(max_tree_depth=3),
+            num_chains=1,
+            num_warmup=3,
+            num_samples=3,
+            map_steps=5,
+            progress=False,
         ),
     ),
 }

@@ -41,7 +41,7 @@ import pytest
 import torch
 
 from probtransformer.datasets import SequenceData
-from probtransformer.inference import fit_map, fit_mcmc, fit_svi
+from probtransformer.inference import NUTS, fit_map, fit_mcmc, fit_svi
 from probtransformer.models import (
     BayesianLinearRegression,
     CausalLM,
@@ -57,7 +57,12 @@ SIZES = dict(d_model=8, num_heads=2, num_layers=1, d_ff=8, dropout=0.0)
 LM_VOCAB = ["<unk>", "a", "b", "c", "d"]  # V tokens
 FIT = dict(num_steps=2, batch_size=N, lr=1e-2, seed=0, progress=False)
 MCMC = dict(
-    num_chains=1, num_warmup=0, num_samples=2, max_tree_depth=2, map_steps=1, progress=False
+    kernel=NUTS(max_tree_depth=2),
+    num_chains=1,
+    num_warmup=0,
+    num_samples=2,
+    map_steps=1,
+    progress=False,
 )
 DRAWS = dict(num_samples=2, seed=0)
 

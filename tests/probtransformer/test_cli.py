@@ -240,7 +240,7 @@ def test_fit_help_shows_the_library_defaults(capsys):
         ),
         ("--num-starts M", f"default: {preset['num_starts']}"),
         ("--init {prior,map,ensemble}", "default: ensemble"),
-        ("--target-accept-prob P", "default: 0.651; nuts, hmc: 0.8"),
+        ("--target-accept-prob P", "default: 0.651; nuts, hmc: 0.8; adjusted-mclmc: 0.9"),
         ("--max-tree-depth N", "default: 6"),  # NUTS only: its preset
         ("--trajectory-length L", "default: 10 leapfrog steps; hmc: 0.5"),  # chees, then hmc
         ("--jit-compile, --no-jit-compile", "default: True"),  # NUTS and HMC only
@@ -865,8 +865,8 @@ def test_mcmc_interrupted_before_a_draw_writes_nothing(
             ["--trajectory-length", "2"],
             "--trajectory-length applies to --kernel hmc and chees, not nuts",
         ),
-        (["--init", "map"], "--init applies to --kernel chees and mclmc, not nuts"),
-        (["--num-starts", "1"], "--num-starts applies to --kernel chees and mclmc, not nuts"),
+        (["--init", "map"], "--init applies to --kernel chees, mclmc and adjusted-mclmc, not nuts"),
+        (["--num-starts", "1"], "--num-starts applies to --kernel chees, mclmc and adjusted-mclmc, not nuts"),
         (["--num-train", "1213"], "--num-train 1213 exceeds the 1212 rows"),
         (["--num-warmup", "-1"], "integer >= 0"),
         (["--num-draws", "0"], "integer >= 1"),
@@ -896,7 +896,7 @@ def test_mcmc_bad_arguments(args, message, tmp_path, monkeypatch, capsys, one_er
         (["--max-tree-depth", "4"], "--max-tree-depth applies to --kernel nuts, not chees"),
         (
             ["--kernel", "mclmc", "--target-accept-prob", "0.7"],
-            "--target-accept-prob applies to --kernel nuts, hmc and chees, not mclmc",
+            "--target-accept-prob applies to --kernel nuts, hmc, chees and adjusted-mclmc, not mclmc",
         ),
         (
             ["--kernel", "mclmc", "--trajectory-length", "1"],

@@ -224,7 +224,7 @@ def fit_mcmc(
             starts.count(num_chains)  # K % M, before any fit
         if many and starts.fits_map and map_steps == 0:
             raise ValueError(
-                f"{type(starts).__name__}(), init={starts.name!r}, needs MAP fits: give "
+                f"init={starts.name!r} needs MAP fits ({type(starts).__name__}): give "
                 "map_steps > 0, got 0"
             )
         if 0 < num_warmup < kernel.min_warmup:

@@ -239,6 +239,16 @@ def fit_optimised(
     }
 
 
+def recorded(settings: dict, num_chains: int) -> dict:
+    """``fit_mcmc``'s settings as a row records them: the kernel's and the starts' settings
+    objects flattened into their recorded fields (``kernel``, ``max_tree_depth`` ...)."""
+    out = {k: v for k, v in settings.items() if k not in ("kernel", "starts")}
+    out.update(settings["kernel"].record())
+    if settings.get("starts") is not None:
+        out.update(settings["starts"].record(num_chains))
+    return out
+
+
 def fit_nuts(
     model, train: SequenceData, sizes: Sizes, seed: int, ctx: Context
 ) -> tuple[Posterior, dict]:
@@ -283,7 +293,11 @@ def fit_nuts(
         "leapfrog_steps_sampling": int(stats["n_steps"].sum()),
         "mean_acceptance": float(stats["acceptance_rate"].mean()),
         "step_size": float(stats["step_size"].mean()),
-        "settings": {**settings, "num_warmup": sizes.nuts_warmup, "num_samples": num_draws},
+        "settings": {
+            **recorded(settings, num_chains=1),
+            "num_warmup": sizes.nuts_warmup,
+            "num_samples": num_draws,
+        },
     }
 
 
@@ -408,7 +422,7 @@ def fit_chees(
         "mean_leapfrog_steps_warmup": float(warmup_steps / max(plan["num_warmup"], 1)),
         "mean_leapfrog_steps_sampling": float(kept_steps.mean()),
         "nested_rhat_lp": float(array_stats.rhat_nested(stats["lp"], superchain)),
-        "settings": settings,
+        "settings": recorded(settings, num_chains=chains),
     }
 
 

@@ -866,7 +866,10 @@ def test_mcmc_interrupted_before_a_draw_writes_nothing(
             "--trajectory-length applies to --kernel hmc and chees, not nuts",
         ),
         (["--init", "map"], "--init applies to --kernel chees, mclmc and adjusted-mclmc, not nuts"),
-        (["--num-starts", "1"], "--num-starts applies to --kernel chees, mclmc and adjusted-mclmc, not nuts"),
+        (
+            ["--num-starts", "1"],
+            "--num-starts applies to --kernel chees, mclmc and adjusted-mclmc, not nuts",
+        ),
         (["--num-train", "1213"], "--num-train 1213 exceeds the 1212 rows"),
         (["--num-warmup", "-1"], "integer >= 0"),
         (["--num-draws", "0"], "integer >= 1"),
@@ -896,7 +899,8 @@ def test_mcmc_bad_arguments(args, message, tmp_path, monkeypatch, capsys, one_er
         (["--max-tree-depth", "4"], "--max-tree-depth applies to --kernel nuts, not chees"),
         (
             ["--kernel", "mclmc", "--target-accept-prob", "0.7"],
-            "--target-accept-prob applies to --kernel nuts, hmc, chees and adjusted-mclmc, not mclmc",
+            "--target-accept-prob applies to --kernel nuts, hmc, chees and adjusted-mclmc, "
+            "not mclmc",
         ),
         (
             ["--kernel", "mclmc", "--trajectory-length", "1"],

@@ -4,6 +4,7 @@ chains, MCLMC's energy error ...), and the posterior's temperature."""
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -16,7 +17,12 @@ BFMI_MIN = 0.3  # Betancourt 2016
 
 
 def temperature_line(temperature: float) -> str:
-    """The posterior's temperature, shown in every sampled posterior's verdict."""
+    """The posterior's temperature, shown in every sampled posterior's verdict (a recorded
+    value that is not a finite number > 0, from a hand-edited run, is flagged)."""
+    if isinstance(temperature, bool) or not (
+        isinstance(temperature, int | float) and 0 < temperature < math.inf
+    ):
+        return f"WARN  temperature {temperature!r} in the record is not a finite number > 0"
     if temperature == 1:
         return "info  temperature 1: the Bayesian posterior"
     return (
@@ -34,7 +40,12 @@ def sampler_lines(stats, record: dict, flag, *, many: bool = False) -> list[str]
     listed per chain.
     """
     lines = []
-    kernel = KERNELS.get(record.get("kernel"), Kernel)
+    name = record.get("kernel")
+    kernel = KERNELS.get(name, Kernel) if isinstance(name, str) else Kernel
+    if kernel is Kernel:  # a run of another version, or edited by hand
+        lines.append(
+            f"WARN  kernel {name!r} is not one of {tuple(KERNELS)}: its own checks are skipped"
+        )
     if "diverging" in stats:
         divergent = int(stats["diverging"].sum())
         total = int(stats["diverging"].size)

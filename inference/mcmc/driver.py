@@ -200,6 +200,8 @@ def fit_mcmc(
             than ranks, or on ranks with different data, model or settings (naming the rank).
         distributed.RankLostError: a peer rank died or stopped answering in time (naming it).
     """
+    if deprecated and kernel is DEFAULT_KERNEL:  # fit_mcmc(..., max_tree_depth=6): NUTS's
+        kernel = DEFAULT_KERNEL.name
     if isinstance(kernel, str):
         kernel, legacy_starts = from_strings(kernel, **deprecated)
         starts = legacy_starts if starts is None else starts

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
@@ -110,16 +110,6 @@ class Kernel(ABC):
     def record(self) -> dict[str, Any]:
         """The settings as the run records them (JSON-safe)."""
         return dict(kernel=self.name, **asdict(self))
-
-    @classmethod
-    def from_record(cls, record: dict[str, Any]) -> Kernel:
-        """The settings a run recorded (``record``), to fit again; settings the record lacks
-        (runs saved by older versions) take their defaults.
-
-        Raises:
-            TypeError/ValueError: a recorded value this kernel refuses.
-        """
-        return cls(**{f.name: record[f.name] for f in fields(cls) if f.name in record})
 
     @classmethod
     def verdict_lines(cls, stats: Any, record: dict, flag: Flag) -> list[str]:

@@ -97,16 +97,6 @@ class MCLMC(ManyChainKernel):
         }
         return out
 
-    @classmethod
-    def from_record(cls, record: dict[str, Any]) -> MCLMC:
-        tuning = record.get("tuning")
-        if isinstance(tuning, dict):  # as ``record`` wrote it
-            tuning = Tuning(
-                **{k: tuple(v) if isinstance(v, list) else v for k, v in tuning.items()}
-            )
-            record = {**record, "tuning": tuning}
-        return super().from_record(record)
-
     def sampler(
         self, density: LogDensity, rng: ChainRNG, *, num_warmup: int, groups, per_start: bool
     ) -> MCLMCSampler:

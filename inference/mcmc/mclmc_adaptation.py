@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from probtransformer.validation import check_flag, check_int, check_positive, described
+
 #: The most coordinates whose ESS sets L (BlackJAX's ``fft_params_limit``): evenly spaced ones
 #: of a larger state.
 ESS_COORDINATES = 2000
@@ -53,17 +55,30 @@ class Tuning:
     L_factor: float = 0.4
 
     def __post_init__(self) -> None:
-        start, end = self.desired_energy_var
-        if not (0 < start < math.inf and 0 < end < math.inf):
+        energy, phases = self.desired_energy_var, self.phases
+        if not (_numbers(energy, 2) and all(0 < v < math.inf for v in energy)):
             raise ValueError(
                 f"desired_energy_var must be (start, end), each a finite number > 0, got "
-                f"{self.desired_energy_var!r}"
+                f"{described(energy)}"
             )
-        if len(self.phases) != 3 or min(self.phases) < 0 or not 0 < sum(self.phases) <= 1:
+        if not (_numbers(phases, 3) and min(phases) >= 0 and 0 < sum(phases) <= 1):
             raise ValueError(
                 f"phases must be three shares >= 0 of the tuning steps summing to at most 1, got "
-                f"{self.phases!r}"
+                f"{described(phases)}"
             )
+        check_flag("diagonal_preconditioning", self.diagonal_preconditioning)
+        check_positive("trust_in_estimate", self.trust_in_estimate)
+        check_positive("L_factor", self.L_factor)
+        check_int("num_effective_samples", self.num_effective_samples, type_error=True)
+
+
+def _numbers(values: object, n: int) -> bool:
+    """``values`` is a tuple or list of ``n`` real numbers (not bools)."""
+    return (
+        isinstance(values, tuple | list)
+        and len(values) == n
+        and all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+    )
 
 
 #: BlackJAX's tuning, the default: a small energy error (little bias), a diagonal preconditioner.

@@ -108,12 +108,7 @@ def fit_mile(
     check_training_data(model, data)
     check_int("n_members", n_members, type_error=True)
     check_int("chains_per_member", chains_per_member, type_error=True)
-    if not isinstance(kernel, ManyChainKernel):
-        if kernel not in MANY_CHAIN_KERNELS:
-            raise ValueError(f"kernel must be one of {MANY_CHAIN_KERNELS}, got {kernel!r}")
-        cls, local = kernel_class(kernel), dict(tuning=tuning, thinning=thinning)
-        own = {f.name: local[f.name] for f in fields(cls) if f.name in local}
-        kernel = cls(**own, temperature=temperature, compile=compile)
+    kernel = _kernel(kernel, tuning, thinning, temperature, compile)
     check_int("num_warmup", num_warmup, minimum=0, type_error=True)
     if kernel.warmup_steps(num_warmup) != num_warmup:
         raise ValueError(
@@ -149,6 +144,27 @@ def fit_mile(
         seconds=time.perf_counter() - start,
     )
     return posterior
+
+
+def _kernel(kernel, tuning, thinning, temperature, compile) -> ManyChainKernel:
+    """``fit_mile``'s kernel: the object given (its own settings: the four others must be left
+    at their defaults), or the named many-chain kernel built with those it reads."""
+    if isinstance(kernel, ManyChainKernel):
+        given = dict(tuning=tuning is not MILE_TUNING, thinning=thinning != 10,
+                     temperature=temperature != 1.0, compile=compile is not None)  # fmt: skip
+        if any(given.values()):
+            raise TypeError(
+                f"fit_mile got kernel={type(kernel).__name__}(...) and "
+                f"{[k for k, v in given.items() if v]}: with a kernel object these are its own "
+                "settings; give them to it"
+            )
+    else:
+        if kernel not in MANY_CHAIN_KERNELS:
+            raise ValueError(f"kernel must be one of {MANY_CHAIN_KERNELS}, got {kernel!r}")
+        cls, local = kernel_class(kernel), dict(tuning=tuning, thinning=thinning)
+        own = {f.name: local[f.name] for f in fields(cls) if f.name in local}
+        kernel = cls(**own, temperature=temperature, compile=compile)
+    return kernel
 
 
 __all__ = ["fit_mile"]

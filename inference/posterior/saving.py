@@ -143,6 +143,11 @@ def load_posterior(path: str | os.PathLike, *, device: str | torch.device = "cpu
         )
     device = resolve_device(device)
     meta = read_versioned_json(path / META_FILE, FORMAT_VERSION)
+    if not isinstance(meta.get("record"), dict):
+        raise ValueError(
+            f"{path / META_FILE}: 'record' must be a JSON object, got "
+            f"{type(meta.get('record')).__name__}"
+        )
     tensors = _read_tensors(path / TENSORS_FILE)
     _check_shapes(meta, tensors, path)  # before the model is built: a config cannot allocate
     model = model_from_config(meta.get("model_class"), meta.get("config"), source=path)

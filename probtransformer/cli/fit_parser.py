@@ -150,10 +150,11 @@ def add_fit_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentPar
         default="svi",
         choices=INFERENCES,
         help="svi; map: a point estimate, fit_map (fit_svi with guide delta); mcmc: fit_mcmc "
-        "(--kernel chees, mclmc, nuts or hmc); "
+        "(--kernel chees, mclmc, adjusted-mclmc, nuts or hmc); "
         "mc-dropout: MAP with dropout kept on at prediction (fit_mc_dropout, needs --dropout > "
         "0); ensemble: a deep ensemble of MAP fits (fit_ensemble); mile: the ensemble, then "
-        "MCLMC (or --kernel chees) chains around each member, tuned per member (fit_mile, "
+        "MCLMC (or --kernel chees, adjusted-mclmc) chains around each member, tuned per member "
+        "(fit_mile, "
         "Sommer et al. 2025) (default: %(default)s)",
     )
     fit.add_argument(
@@ -283,23 +284,24 @@ def add_fit_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentPar
     mcmc.add_argument(
         "--kernel",
         choices=KERNELS,
-        help="MCMC kernel: chees (ChEES-HMC) and mclmc (unadjusted microcanonical Langevin) "
-        "run every chain in one vectorized pass; nuts and hmc are Pyro's, one chain at a time",
+        help="MCMC kernel: chees (ChEES-HMC), mclmc (unadjusted microcanonical Langevin) and "
+        "adjusted-mclmc (its Metropolis-adjusted, exact version) run every chain in one "
+        "vectorized pass; nuts and hmc are Pyro's, one chain at a time",
     )
     mcmc.add_argument("--num-chains", type=positive_int, metavar="N", help="independent chains")
     mcmc.add_argument(
         "--num-starts",
         type=positive_int,
         metavar="M",
-        help="chees and mclmc only: starting points, --num-chains / M chains each (a "
+        help="the many-chain kernels only: starting points, --num-chains / M chains each (a "
         "superchain, for nested R-hat); M must divide --num-chains; unset with --num-chains "
         "or --init given: one per chain (one for --init map)",
     )
     mcmc.add_argument(
         "--init",
         choices=INITS,
-        help="chees and mclmc only: start from prior draws, one MAP fit (--num-starts 1) or an "
-        "ensemble of M MAP fits",
+        help="the many-chain kernels only: start from prior draws, one MAP fit (--num-starts 1) "
+        "or an ensemble of M MAP fits",
     )
     mcmc.add_argument(
         "--num-warmup",
@@ -312,8 +314,8 @@ def add_fit_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentPar
         "--target-accept-prob",
         type=float_in(0, 1, above=True, below=True),
         metavar="P",
-        help="nuts, hmc and chees: acceptance probability in (0, 1) the step size is adapted "
-        "to (chees: the harmonic mean over chains)",
+        help="nuts, hmc, chees and adjusted-mclmc: acceptance probability in (0, 1) the step "
+        "size is adapted to (chees: the harmonic mean over chains)",
     )
     mcmc.add_argument(
         "--max-tree-depth",
@@ -336,14 +338,15 @@ def add_fit_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentPar
     mcmc.add_argument(
         "--compile",
         action=argparse.BooleanOptionalAction,
-        help="chees and mclmc only: evaluate the K-chain log density as a torch.compile'd "
+        help="the many-chain kernels only: evaluate the K-chain log density as a torch.compile'd "
         "graph, checked against the eager one (compiling takes 15-60 s)",
     )
     mcmc.add_argument(
         "--temperature",
         type=float_in(0, math.inf, above=True),
         metavar="T",
-        help="chees, mclmc and mile: the likelihood enters as p(y | θ)^(1/T), a tempered "
+        help="the many-chain kernels and mile: the likelihood enters as p(y | θ)^(1/T), a "
+        "tempered "
         "posterior; recorded and shown by diagnose (1: the Bayesian posterior)",
     )
     mcmc.add_argument(

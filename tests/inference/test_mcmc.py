@@ -523,3 +523,34 @@ class _MisnamedLikelihood(PyroModule):
 def test_a_likelihood_site_that_does_not_exist_is_named(regression):
     with pytest.raises(ValueError, match="likelihood_site is 'target'"):
         fit_mcmc(_MisnamedLikelihood(), regression, num_chains=1, num_samples=5, progress=False)
+
+
+def test_the_default_kernels_settings_as_keywords_still_work_with_a_warning(regression):
+    """``fit_mcmc(model, data, max_tree_depth=3)``, the old spelling of NUTS's settings with the
+    kernel left out, runs NUTS(max_tree_depth=3) and says how to write it now."""
+    with pytest.warns(DeprecationWarning, match=r"kernel=NUTS\(\.\.\.\)"):
+        post = fit_mcmc(
+            BayesianLinearRegression(2), regression, num_chains=1, num_warmup=5, num_samples=5,
+            max_tree_depth=3, progress=False,
+        )  # fmt: skip
+    assert post.record["kernel"] == "nuts" and post.record["max_tree_depth"] == 3
+
+
+def test_a_hand_edited_record_is_flagged_or_refused(nuts_posterior, regression, tmp_path):
+    """A saved run from elsewhere: an unknown kernel or a temperature that is no number is
+    flagged in the verdict (its kernel's own checks cannot run); a record that is no JSON
+    object is refused on load."""
+    import json
+
+    nuts_posterior.save(tmp_path / "run")
+    meta_path = tmp_path / "run" / "posterior.json"
+    meta = json.loads(meta_path.read_text())
+    meta["record"].update(kernel="gibbs", temperature="hot")
+    meta_path.write_text(json.dumps(meta))
+    verdict = load_posterior(tmp_path / "run").diagnose(regression, verbose=False).attrs["verdict"]
+    assert any(line.startswith("WARN  kernel 'gibbs' is not one of") for line in verdict)
+    assert "WARN  temperature 'hot' in the record is not a finite number > 0" in verdict
+    meta["record"] = ["not", "a", "record"]
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="'record' must be a JSON object, got list"):
+        load_posterior(tmp_path / "run")

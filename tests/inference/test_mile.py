@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from probtransformer.datasets import SequenceData
-from probtransformer.inference import NUTS, ChEES, fit_ensemble, fit_mcmc, fit_mile
+from probtransformer.inference import MCLMC, NUTS, ChEES, fit_ensemble, fit_mcmc, fit_mile
 from probtransformer.inference.mcmc.density import VectorizedDensity
 from probtransformer.inference.mcmc.kernel import ChainRNG
 from probtransformer.inference.mcmc.mclmc import MCLMCSampler, MCLMCState
@@ -229,9 +229,12 @@ def test_an_ensemble_given_is_not_fitted_again(digits_rows, ensemble, monkeypatc
         (dict(temperature=math.nan), ValueError, "temperature must be a finite number > 0"),
         (dict(tuning="mile"), TypeError, "tuning must be an mclmc.Tuning"),
         (dict(num_steps=5), TypeError, "ensemble is already fitted"),
+        (dict(kernel=MCLMC(), temperature=0.5), TypeError, r"\['temperature'\]: with a kernel"),
+        (dict(kernel=ChEES(), thinning=3), TypeError, r"\['thinning'\]: with a kernel object"),
     ],
 )
 def test_bad_settings_are_named(digits_rows, ensemble, change, error, match):
+    """Every bad setting is named; with a kernel object, the settings it owns are its own."""
     with pytest.raises(error, match=match):
         fit_mile(tiny_classifier(), digits_rows, ensemble=ensemble, progress=False, **change)
 
@@ -306,3 +309,21 @@ def test_an_mclmc_step_with_an_energy_error_over_1000_nats_is_divergent():
     _, stats = sampler.sample(state)
     assert stats["diverging"].tolist() == [False, True, True]
     assert isinstance(state, MCLMCState) and state.u.shape == (3, 2)
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "match"),
+    [
+        (dict(desired_energy_var=0.5), ValueError, "desired_energy_var must be \\(start, end\\)"),
+        (dict(desired_energy_var=(1, 2, 3)), ValueError, "desired_energy_var must be"),
+        (dict(phases=0.4), ValueError, "phases must be three shares"),
+        (dict(phases=("0.5", 0.2, 0.1)), ValueError, "phases must be three shares"),
+        (dict(L_factor=-1), ValueError, "L_factor must be a finite number > 0"),
+        (dict(trust_in_estimate="0.5"), ValueError, "trust_in_estimate must be a finite"),
+        (dict(num_effective_samples=1.5), TypeError, "num_effective_samples must be an int"),
+        (dict(diagonal_preconditioning=None), TypeError, "diagonal_preconditioning must be"),
+    ],
+)
+def test_bad_tuning_is_refused_naming_the_setting(change, error, match):
+    with pytest.raises(error, match=match):
+        Tuning(**change)

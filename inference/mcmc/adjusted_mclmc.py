@@ -42,6 +42,7 @@ import torch
 from probtransformer.inference.mcmc.chees import DualAveraging
 from probtransformer.inference.mcmc.kernel import (
     MAX_ENERGY_ERROR,
+    STUCK_ACCEPTANCE,
     ChainRNG,
     ChainState,
     Flag,
@@ -49,7 +50,9 @@ from probtransformer.inference.mcmc.kernel import (
     ManyChainKernel,
     ManyChainSampler,
     halton,
+    stuck_chains_line,
 )
+from probtransformer.inference.mcmc.mclmc import isokinetic_velocity
 from probtransformer.inference.mcmc.mclmc_adaptation import BACKOFF, steps_per_effective_draw
 from probtransformer.validation import check_flag, check_int, check_positive, check_probability
 
@@ -70,9 +73,6 @@ VARIANCE_L_FACTOR, ESS_L_FACTOR = 1.3, 0.4
 
 #: The most a tuning phase multiplies ``L`` by (BlackJAX's ``Lratio_upperbound``).
 MAX_L_CHANGE = 2.0
-
-#: A chain whose mean acceptance probability over the kept draws is below this is stuck.
-STUCK_ACCEPTANCE = 0.05
 
 #: The verdict warns when the mean acceptance is this far below the target.
 LOW_ACCEPTANCE_MARGIN = 0.2
@@ -131,47 +131,18 @@ class AdjustedMCLMC(ManyChainKernel):
         if "acceptance_rate" not in stats:
             return []
         per_chain = stats["acceptance_rate"].mean("draw").values
-        stuck = [int(c) for c in np.flatnonzero(per_chain < STUCK_ACCEPTANCE)]
         target = record.get("target_accept_prob", ADJUSTED_TARGET_ACCEPT)
         moving = per_chain[per_chain >= STUCK_ACCEPTANCE]
         mean = float(np.mean(moving)) if moving.size else 0.0
         low = mean < target - LOW_ACCEPTANCE_MARGIN
         return [
-            flag(
-                bool(stuck),
-                f"stuck chains (mean acceptance < {STUCK_ACCEPTANCE}): {len(stuck)} of "
-                f"{len(per_chain)}"
-                + (f" (chains {stuck[:10]}): start them elsewhere (init=)" if stuck else ""),
-            ),
+            stuck_chains_line(per_chain, flag),
             flag(
                 low,
                 f"mean acceptance {mean:.2f} (target {target})"
                 + (": the step size did not settle; lengthen num_warmup" if low else ""),
             ),
         ]
-
-
-def isokinetic_velocity(
-    u: torch.Tensor, g: torch.Tensor, eps: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The exact ESH velocity update (Robnik et al., JMLR 2023, eq. 11; BlackJAX
-    ``esh_dynamics_momentum_update_one_step``) of unit velocities ``u`` ``(K, D)`` (D >= 2)
-    under the log density's gradient ``g`` ``(K, D)`` for times ``eps`` ``(K, 1)``.
-
-    Returns:
-        ``(u (K, D), kinetic-energy change (K,))``, the latter in nats: ``(D - 1)`` times the
-        log-Jacobian of the map on the sphere, which the Metropolis step adds to the potential's
-        change.
-    """
-    d = u.shape[1]
-    g_norm = g.norm(dim=1, keepdim=True).clamp_min(1e-30)
-    e = g / g_norm
-    ue = (u * e).sum(1, keepdim=True)
-    delta = eps * g_norm / (d - 1)
-    zeta = torch.exp(-delta)
-    new = e * (1 - zeta) * (1 + zeta + ue * (1 - zeta)) + 2 * zeta * u
-    kinetic = delta - math.log(2) + torch.log(1 + ue + (1 - ue) * zeta**2)
-    return new / new.norm(dim=1, keepdim=True), (kinetic * (d - 1)).squeeze(1)
 
 
 def jitter_scale(mean_steps: torch.Tensor) -> torch.Tensor:
@@ -468,6 +439,5 @@ __all__ = [
     "ADJUSTED_TARGET_ACCEPT",
     "AdjustedMCLMC",
     "AdjustedMCLMCSampler",
-    "isokinetic_velocity",
     "jitter_scale",
 ]

@@ -28,7 +28,6 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
 
 from probtransformer.inference.mcmc.adaptation import (
@@ -47,6 +46,7 @@ from probtransformer.inference.mcmc.kernel import (
     ManyChainKernel,
     ManyChainSampler,
     halton,
+    stuck_chains_line,
 )
 from probtransformer.validation import check_flag, check_positive, check_probability
 
@@ -57,10 +57,6 @@ CHEES_TARGET_ACCEPT = 0.651
 #: Chains whose mean acceptance probability over a mass-matrix window is below this are left
 #: out of its variance (they are stuck, not exploring).
 MOVING_ACCEPTANCE = 0.05
-
-#: A chain whose mean acceptance probability over the kept draws is below this is stuck
-#: (``diagnose``).
-STUCK_ACCEPTANCE = 0.05
 
 
 @dataclass(frozen=True)
@@ -114,16 +110,7 @@ class ChEES(ManyChainKernel):
         """Stuck chains: mean acceptance below ``STUCK_ACCEPTANCE``."""
         if "acceptance_rate" not in stats:
             return []
-        per_chain = stats["acceptance_rate"].mean("draw").values
-        stuck = [int(c) for c in np.flatnonzero(per_chain < STUCK_ACCEPTANCE)]
-        return [
-            flag(
-                bool(stuck),
-                f"stuck chains (mean acceptance < {STUCK_ACCEPTANCE}): {len(stuck)} of "
-                f"{len(per_chain)}"
-                + (f" (chains {stuck[:10]}): start them elsewhere (init=)" if stuck else ""),
-            )
-        ]
+        return [stuck_chains_line(stats["acceptance_rate"].mean("draw").values, flag)]
 
 
 @dataclass
@@ -493,4 +480,4 @@ def _harmonic_mean(accept: torch.Tensor, diverging: torch.Tensor) -> float:
     return float(1.0 / (1.0 / kept.clamp_min(1e-10)).mean())
 
 
-__all__ = ["CHEES_TARGET_ACCEPT", "STUCK_ACCEPTANCE", "ChEES", "ChEESSampler", "Transition"]
+__all__ = ["CHEES_TARGET_ACCEPT", "ChEES", "ChEESSampler", "Transition"]

@@ -33,11 +33,26 @@ from probtransformer.validation import check_flag, check_positive
 #: An energy error above this many nats is a divergent transition (Stan, Pyro).
 MAX_ENERGY_ERROR = 1000.0
 
+#: A chain whose mean acceptance probability over the kept draws is below this is stuck
+#: (``diagnose``).
+STUCK_ACCEPTANCE = 0.05
+
 #: ``z (K, D) -> (log density (K,), gradient (K, D))``: the K-chain density a sampler moves on.
 LogDensity = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 #: ``flag(bad, text) -> line``: how ``diagnose`` marks a verdict line (WARN or ok).
 Flag = Callable[[bool, str], str]
+
+
+def stuck_chains_line(per_chain: np.ndarray, flag: Flag) -> str:
+    """The verdict line of a Metropolis-adjusted kernel's stuck chains: those whose mean
+    acceptance ``per_chain`` ``(K,)`` is below ``STUCK_ACCEPTANCE``."""
+    stuck = [int(c) for c in np.flatnonzero(per_chain < STUCK_ACCEPTANCE)]
+    return flag(
+        bool(stuck),
+        f"stuck chains (mean acceptance < {STUCK_ACCEPTANCE}): {len(stuck)} of {len(per_chain)}"
+        + (f" (chains {stuck[:10]}): start them elsewhere (init=)" if stuck else ""),
+    )
 
 
 class ChainRNG:
@@ -222,6 +237,7 @@ class ManyChainSampler(ABC):
 
 __all__ = [
     "MAX_ENERGY_ERROR",
+    "STUCK_ACCEPTANCE",
     "ChainRNG",
     "ChainState",
     "Flag",
@@ -231,4 +247,5 @@ __all__ = [
     "ManyChainSampler",
     "PyroKernel",
     "halton",
+    "stuck_chains_line",
 ]

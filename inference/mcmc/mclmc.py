@@ -277,20 +277,6 @@ class MCLMCSampler(ManyChainSampler):
 
     # -- dynamics -------------------------------------------------------------------------------
 
-    def _velocity(self, u, g, eps):
-        """ESH velocity update (Robnik et al. 2023, eq. 11) of unit ``u`` by ``eps`` ``(K, 1)``
-        under the preconditioned gradient ``g``; returns ``(u, kinetic energy change (K,))``."""
-        d = self.dim
-        g_norm = g.norm(dim=1, keepdim=True).clamp_min(1e-30)
-        e = g / g_norm
-        ue = (u * e).sum(1, keepdim=True)
-        delta = eps * g_norm / (d - 1)
-        zeta = torch.exp(-delta)
-        new = e * (1 - zeta) * (1 + zeta + ue * (1 - zeta)) + 2 * zeta * u
-        new = new / new.norm(dim=1, keepdim=True)
-        kinetic = delta - math.log(2) + torch.log(1 + ue + (1 - ue) * zeta**2)
-        return new, (kinetic * (d - 1)).squeeze(1)
-
     def step(self, state: ChainState, u: torch.Tensor, step_size: torch.Tensor | None = None):
         """One integrator step plus partial refreshment for every chain, each group at its own
         step size (``step_size`` ``(G,)``; None: ``self.step_size``).
@@ -300,11 +286,11 @@ class MCLMCSampler(ManyChainSampler):
         """
         eps = self._chains(self.step_size if step_size is None else step_size)
         sigma = self.sigma
-        u1, k1 = self._velocity(u, state.grad * sigma, 0.5 * eps)
+        u1, k1 = isokinetic_velocity(u, state.grad * sigma, 0.5 * eps)
         z = state.z + eps * sigma * u1
         lp, grad = self.density(z)
         self.gradients += len(z)
-        u2, k2 = self._velocity(u1, grad * sigma, 0.5 * eps)
+        u2, k2 = isokinetic_velocity(u1, grad * sigma, 0.5 * eps)
         energy_change = k1 + k2 - lp + state.lp
         ok = torch.isfinite(energy_change) & torch.isfinite(z).all(1) & torch.isfinite(grad).all(1)
         c = torch.exp(-eps / self._chains(self.L))
@@ -396,6 +382,29 @@ class MCLMCSampler(ManyChainSampler):
         return state, u
 
 
+def isokinetic_velocity(
+    u: torch.Tensor, g: torch.Tensor, eps: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The exact ESH velocity update (Robnik et al., JMLR 2023, eq. 11; BlackJAX
+    ``esh_dynamics_momentum_update_one_step``) of unit velocities ``u`` ``(K, D)`` (D >= 2)
+    under the log density's gradient ``g`` ``(K, D)`` for times ``eps`` ``(K, 1)``.
+
+    Returns:
+        ``(u (K, D), kinetic-energy change (K,))``, the latter in nats: ``(D - 1)`` times the
+        log-Jacobian of the map on the sphere, which the Metropolis step adds to the potential's
+        change.
+    """
+    d = u.shape[1]
+    g_norm = g.norm(dim=1, keepdim=True).clamp_min(1e-30)
+    e = g / g_norm
+    ue = (u * e).sum(1, keepdim=True)
+    delta = eps * g_norm / (d - 1)
+    zeta = torch.exp(-delta)
+    new = e * (1 - zeta) * (1 + zeta + ue * (1 - zeta)) + 2 * zeta * u
+    kinetic = delta - math.log(2) + torch.log(1 + ue + (1 - ue) * zeta**2)
+    return new / new.norm(dim=1, keepdim=True), (kinetic * (d - 1)).squeeze(1)
+
+
 @dataclass
 class MCLMCState(ChainState):
     """``ChainState`` with the chains' unit velocities ``u`` ``(K, D)``."""
@@ -413,4 +422,12 @@ def _energy_var(errors: list[torch.Tensor], dim: int) -> float:
         return float(errors.square().mean() / dim) if errors.numel() else math.nan
 
 
-__all__ = ["BLACKJAX_TUNING", "MCLMC", "MILE_TUNING", "MCLMCSampler", "MCLMCState", "Tuning"]
+__all__ = [
+    "BLACKJAX_TUNING",
+    "MCLMC",
+    "MILE_TUNING",
+    "MCLMCSampler",
+    "MCLMCState",
+    "Tuning",
+    "isokinetic_velocity",
+]

@@ -21,12 +21,11 @@ from probtransformer.inference import fit_mcmc
 from probtransformer.inference.mcmc.adjusted_mclmc import (
     AdjustedMCLMC,
     _Moments,
-    isokinetic_velocity,
     jitter_scale,
 )
 from probtransformer.inference.mcmc.density import VectorizedDensity
 from probtransformer.inference.mcmc.kernel import ChainRNG
-from probtransformer.inference.mcmc.mclmc import MCLMCSampler
+from probtransformer.inference.mcmc.mclmc import MCLMCSampler, isokinetic_velocity
 from probtransformer.inference.mcmc.starts import prior_states
 from tests.inference.test_correctness import (
     REFERENCE,

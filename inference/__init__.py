@@ -1,6 +1,7 @@
 """Inference for Bayesian Transformers: fits that return one ``Posterior``."""
 
 from probtransformer.inference.ensembles.baselines import fit_ensemble, fit_map, fit_mc_dropout
+from probtransformer.inference.laplace.fit import fit_laplace, fit_mola
 from probtransformer.inference.mcmc.adjusted_mclmc import AdjustedMCLMC
 from probtransformer.inference.mcmc.chees import ChEES
 from probtransformer.inference.mcmc.driver import fit_mcmc
@@ -46,10 +47,12 @@ __all__ = [
     "SVIState",
     "Tuning",
     "fit_ensemble",
+    "fit_laplace",
     "fit_map",
     "fit_mc_dropout",
     "fit_mcmc",
     "fit_mile",
+    "fit_mola",
     "fit_svi",
     "load_posterior",
     "restore_svi_checkpoint",

@@ -19,6 +19,7 @@ Pyro's ``Predictive(model, posterior_samples=...)`` does, so every consumer of o
 from __future__ import annotations
 
 import abc
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -46,6 +47,8 @@ class Draws:
         chains, per_chain: the ``(chain, draw)`` dims shared by every draw.
         states: ``{name: (chain, draw, *shape)}`` model parameters per draw (ensembles), or None.
         dropout: each draw runs alone with dropout on (MC dropout).
+        modes: ``{site: (chain, draw, *shape)}`` the point each draw's network is linearized
+            at for its likelihood (a Laplace posterior's GLM predictive), or None.
     """
 
     latents: dict[str, torch.Tensor]
@@ -53,6 +56,7 @@ class Draws:
     per_chain: int = 1
     states: dict[str, torch.Tensor] | None = None
     dropout: bool = False
+    modes: dict[str, torch.Tensor] | None = None
 
     @property
     def num(self) -> int:
@@ -62,7 +66,7 @@ class Draws:
     def without(self, sites) -> Draws:
         """These draws without the latents named in ``sites``."""
         kept = {k: v for k, v in self.latents.items() if k not in sites}
-        return Draws(kept, self.chains, self.per_chain, self.states, self.dropout)
+        return dataclasses.replace(self, latents=kept)
 
 
 def check_num_samples(num_samples: object) -> None:
@@ -84,13 +88,15 @@ def _leading(tensors: dict[str, torch.Tensor]) -> tuple[int, int] | None:
 
 
 class DrawSource(abc.ABC):
-    """Base of the draw sources. ``guide``, ``samples``, ``members`` and ``mc_dropout`` say what
-    the source holds (what ``Posterior.save`` writes); ``draw`` gives the draws."""
+    """Base of the draw sources. ``guide``, ``samples``, ``members``, ``mc_dropout`` and
+    ``modes`` say what the source holds (what ``Posterior.save`` writes); ``draw`` gives the
+    draws."""
 
     guide: AutoGuide | None = None
     samples: dict[str, torch.Tensor] | None = None
     members: dict[str, torch.Tensor] | None = None
     mc_dropout: bool = False
+    modes: dict[str, torch.Tensor] | None = None
 
     def is_point_estimate(self, latent_shapes: dict) -> bool:
         """True when every draw is the same, so predictions need one draw."""
@@ -167,10 +173,20 @@ class DropoutDraws(GuideDraws):
 
 
 class StoredDraws(DrawSource):
-    """Draws kept by a sampler, ``{site: (chain, draw, *shape)}``, thinned evenly per chain."""
+    """Draws kept by a sampler, ``{site: (chain, draw, *shape)}``, thinned evenly per chain.
+    ``modes`` (a Laplace posterior's GLM predictive): each draw's linearization point of some
+    sites, ``(chain, draw, *shape)`` as well, thinned alike."""
 
-    def __init__(self, samples: dict[str, torch.Tensor]) -> None:
+    def __init__(
+        self, samples: dict[str, torch.Tensor], modes: dict[str, torch.Tensor] | None = None
+    ) -> None:
         self.samples = samples
+        self.modes = modes
+
+    def _thinned_modes(self, num_samples: int | None) -> dict[str, torch.Tensor] | None:
+        if self.modes is None or num_samples is None:
+            return self.modes
+        return {name: thin(value, num_samples) for name, value in self.modes.items()}
 
     def check(self, model, latent_shapes, local_shapes) -> None:
         """Draws must cover every global latent site with ``(chain, draw, *site shape)`` and
@@ -202,6 +218,12 @@ class StoredDraws(DrawSource):
                     f"samples[{name!r}] must have shape {wanted} the same (chain, draw) as the "
                     f"other sites, got {tuple(value.shape)}"
                 )
+        for name, value in (self.modes or {}).items():
+            if name not in latent_shapes or value.shape != samples[name].shape:
+                raise ValueError(
+                    f"modes[{name!r}] must be a global latent site's linearization points "
+                    f"shaped as its samples, got {tuple(value.shape)}"
+                )
 
     def draw(self, num_samples, seed, *, latent_shapes, device) -> Draws:
         if num_samples is None:
@@ -211,7 +233,8 @@ class StoredDraws(DrawSource):
             if self.is_point_estimate(latent_shapes):
                 num_samples = 1
             latents = {name: thin(value, num_samples) for name, value in self.samples.items()}
-        return Draws(latents, *(_leading(latents) or (1, 1)))
+        modes = self._thinned_modes(num_samples)
+        return Draws(latents, *(_leading(latents) or (1, 1)), modes=modes)
 
     def describe(self) -> str:
         return "samples"
@@ -221,8 +244,13 @@ class EnsembleDraws(StoredDraws):
     """A deep ensemble: each member's latents are ``samples`` and its model parameters
     ``members`` (``{name: (chain, draw, *shape)}``), copied into the model for its pass."""
 
-    def __init__(self, samples: dict[str, torch.Tensor], members: dict[str, torch.Tensor]):
-        super().__init__(samples)
+    def __init__(
+        self,
+        samples: dict[str, torch.Tensor],
+        members: dict[str, torch.Tensor],
+        modes: dict[str, torch.Tensor] | None = None,
+    ) -> None:
+        super().__init__(samples, modes)
         self.members = members
 
     def check(self, model, latent_shapes, local_shapes) -> None:
@@ -255,7 +283,8 @@ class EnsembleDraws(StoredDraws):
             check_num_samples(num_samples)
             latents = {name: thin(value, num_samples) for name, value in self.samples.items()}
             states = {name: thin(value, num_samples) for name, value in self.members.items()}
-        return Draws(latents, *_leading({**latents, **states}), states=states)
+        modes = self._thinned_modes(num_samples)
+        return Draws(latents, *_leading({**latents, **states}), states=states, modes=modes)
 
     def describe(self) -> str:
         return f"samples, members={math.prod(_leading(self.members))}"
@@ -278,22 +307,27 @@ def draw_source(
     samples: dict[str, torch.Tensor] | None = None,
     members: dict[str, torch.Tensor] | None = None,
     mc_dropout: bool = False,
+    modes: dict[str, torch.Tensor] | None = None,
 ) -> DrawSource:
     """The draw source of what a fit kept (the keywords of ``Posterior``).
 
     Raises:
-        ValueError: neither or both of ``guide`` and ``samples``; ``members`` without
-            ``samples``; ``mc_dropout`` with samples.
+        ValueError: neither or both of ``guide`` and ``samples``; ``members`` or ``modes``
+            without ``samples``; ``mc_dropout`` with samples.
     """
     if (guide is None) == (samples is None):
         raise ValueError("a Posterior needs exactly one of guide or samples")
     if members is not None and samples is None:
         raise ValueError("members need samples: one latent draw per member")
+    if modes is not None and samples is None:
+        raise ValueError("modes need samples: one linearization point per draw")
     if guide is not None:
         return DropoutDraws(guide, example) if mc_dropout else GuideDraws(guide, example)
     if mc_dropout:
         raise ValueError("mc_dropout needs a guide (fit_mc_dropout), not samples")
-    return StoredDraws(samples) if members is None else EnsembleDraws(samples, members)
+    if members is None:
+        return StoredDraws(samples, modes)
+    return EnsembleDraws(samples, members, modes)
 
 
 __all__ = [

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 from pyro.infer.autoguide import AutoGuide
@@ -77,8 +79,9 @@ class Posterior:
         model: the fitted model.
         record: what the fit did (method, settings, seconds, ``elbo`` trace ...).
         example: a few training rows (``inputs.example_of``): enough to trace model and guide.
-        guide, samples, members, mc_dropout: what the fit kept, turned into a draw source by
-            ``draws.draw_source`` (or pass ``source`` itself).
+        guide, samples, members, mc_dropout, modes: what the fit kept, turned into a draw
+            source by ``draws.draw_source`` (or pass ``source`` itself); ``modes`` (Laplace):
+            each draw's linearization point, ``{site: (chain, draw, *shape)}``.
 
     Attributes:
         model: the fitted model (on the fit's device, in eval mode for prediction; for an
@@ -106,12 +109,13 @@ class Posterior:
         samples: dict[str, torch.Tensor] | None = None,
         members: dict[str, torch.Tensor] | None = None,
         mc_dropout: bool = False,
+        modes: dict[str, torch.Tensor] | None = None,
         source: DrawSource | None = None,
     ) -> None:
         if source is None:
             source = draw_source(
                 example=example, guide=guide, samples=samples, members=members,
-                mc_dropout=mc_dropout,
+                mc_dropout=mc_dropout, modes=modes,
             )  # fmt: skip
         if source.mc_dropout and not dropout_modules(model):
             raise ValueError(
@@ -319,7 +323,7 @@ class Posterior:
             rows = parallel.share(n)
             x, y, mask = (None if t is None else t[rows] for t in (x, y, mask))
             kept = {k: v[:, :, rows] if k in local else v for k, v in draws.latents.items()}
-            draws = Draws(kept, draws.chains, draws.per_chain, draws.states, draws.dropout)
+            draws = dataclasses.replace(draws, latents=kept)
         engine = PredictionEngine(self.model, guide=self.guide, local_sites=self.local_shapes)
         out = engine.run(
             draws, x, y, mask, read, seed=seed, batch_size=batch_size, memory_budget=memory_budget

@@ -24,6 +24,7 @@ from probtransformer.attention import amortized
 from probtransformer.inference._runtime import is_invalid_parameter_error, pyro_scope, seeded
 from probtransformer.inference.model_checks import DRAWS_DIM, DRAWS_PLATE, check_draw_batch_shape
 from probtransformer.inference.posterior.draws import Draws
+from probtransformer.inference.posterior.linearized import natural_output, with_output
 from probtransformer.inference.vi.guides import AmortizedGuide
 from probtransformer.validation import check_int
 
@@ -102,6 +103,7 @@ class PredictionEngine:
             batch_size = max(1, min(batch_size, memory_budget // (cost * step)))
         flat = _flatten_chains(draws.latents)
         states = None if draws.states is None else _flatten_chains(draws.states)
+        modes = None if draws.modes is None else _flatten_chains(draws.modes)
         if draws.dropout or states is not None:
             # A vectorized pass would reuse one dropout mask for all draws wherever a tensor
             # has no draw dim yet, and it cannot give each draw its own parameters: draw s runs
@@ -118,7 +120,10 @@ class PredictionEngine:
                 if states is not None:
                     _set_parameters(self.model, {k: v[s] for k, v in states.items()})
                 some = {k: v[s : s + step] for k, v in flat.items()}
-                passes.append(self._run_vectorized(some, x, y, mask, read, batch_size))
+                linearized = (
+                    None if modes is None else {k: v[s : s + step] for k, v in modes.items()}
+                )
+                passes.append(self._run_vectorized(some, x, y, mask, read, batch_size, linearized))
         out = {key: torch.cat([p[key] for p in passes]) for key in passes[0]}
         return {k: v.reshape(draws.chains, draws.per_chain, *v.shape[1:]) for k, v in out.items()}
 
@@ -130,12 +135,15 @@ class PredictionEngine:
         mask: torch.Tensor | None,
         read: Reader,
         batch_size: int,
+        modes: dict[str, torch.Tensor] | None = None,
     ) -> dict[str, torch.Tensor]:
         """Run the model once per row batch for all draws at once; ``read`` picks the outputs.
 
         Local latents in ``flat_draws`` (``(S, N, *per_row)``, ``x`` being the training data)
         condition each batch on its rows. Each output of ``read`` has dims ``(S, n, ...)``;
-        batches are joined along ``n`` on CPU.
+        batches are joined along ``n`` on CPU. ``modes`` (``{site: (S, *shape)}``): the
+        likelihood is taken at the network linearized around them (``linearize``); the rest of
+        the trace (attention) is the network's at the draws.
         """
         num = next(iter(flat_draws.values())).shape[0] if flat_draws else 1
         local = {k: v for k, v in flat_draws.items() if k in self.local_sites}
@@ -153,6 +161,8 @@ class PredictionEngine:
                 )
                 rows_condition = {**condition, **{k: v[:, rows] for k, v in local.items()}}
                 trace = self.trace(rows_condition, num, args, first_row=start)
+                if modes is not None:
+                    self.linearize(trace, rows_condition, modes, num, args)
                 for key, value in read(trace).items():
                     pieces.setdefault(key, []).append(value.cpu())
         return {
@@ -203,6 +213,30 @@ class PredictionEngine:
             ) from e
         check_draw_batch_shape(site, trace.nodes[site]["fn"], num, args[0].shape[0])
         return trace
+
+    def linearize(
+        self,
+        trace: poutine.Trace,
+        condition: dict[str, torch.Tensor],
+        modes: dict[str, torch.Tensor],
+        num: int,
+        args: tuple,
+    ) -> None:
+        """Replace the likelihood in ``trace`` by the one at the network linearized in the
+        sites of ``modes`` (``{site: (num, *shape)}``) around them: ``f(modes) + J (draws -
+        modes)``, one forward-mode pass (``torch.func.jvp``) for all ``num`` draws."""
+        site = self.model.likelihood_site
+        primals = {k: v.reshape(num, 1, *v.shape[1:]) for k, v in modes.items()}
+        tangents = {k: condition[k] - v for k, v in primals.items()}
+
+        def output(values):
+            return natural_output(
+                likelihood(self.trace({**condition, **values}, num, args), site)
+            ).f
+
+        f, df = torch.func.jvp(output, (primals,), (tangents,))
+        node = trace.nodes[site]
+        node["fn"] = with_output(node["fn"], f + df)
 
 
 # -- readers: what a pass returns -------------------------------------------------------------

@@ -97,6 +97,8 @@ def save_posterior(posterior, path: str | os.PathLike) -> None:
     }
     if posterior.members is not None:  # only then: saves of other posteriors keep their layout
         tensors["members"] = _owned(posterior.members)
+    if posterior.source.modes is not None:  # Laplace's GLM predictive
+        tensors["modes"] = _owned(posterior.source.modes)
     try:
         with staged_directory(target) as staging:
             (staging / META_FILE).write_text(json.dumps(meta, indent=1))
@@ -176,9 +178,10 @@ def load_posterior(path: str | os.PathLike, *, device: str | torch.device = "cpu
         samples = tensors["samples"]
         if samples is not None:
             samples = {k: v.to(device) for k, v in samples.items()}
-        members = tensors.get("members")  # absent from saves before ensembles, and non-ensembles
-        if members is not None:
-            members = {k: v.to(device) for k, v in members.items()}
+        members, modes = (
+            None if tensors.get(key) is None else {k: v.to(device) for k, v in tensors[key].items()}
+            for key in ("members", "modes")  # absent from saves of other methods
+        )
         return Posterior(
             model,
             record=meta["record"],
@@ -186,6 +189,7 @@ def load_posterior(path: str | os.PathLike, *, device: str | torch.device = "cpu
             guide=guide,
             samples=samples,
             members=members,
+            modes=modes,
             mc_dropout=meta.get("mc_dropout", False),
         )
     except (RuntimeError, pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError) as e:

@@ -1,0 +1,186 @@
+"""The generalized Gauss-Newton (GGN) of a model's log-likelihood in a subset of its latents.
+
+For a likelihood ``p(y | f)`` of the network's output ``f(x; theta)``, the GGN is
+``G = sum_n J_n^T Lambda_n J_n`` with ``J_n = df(x_n)/dtheta`` and ``Lambda_n`` the Hessian of
+``-log p(y_n | f)`` in ``f`` (Schraudolph 2002; Martens 2020, "New insights and perspectives
+on the natural gradient method"). It is positive semi-definite and, for the exponential-family
+likelihoods here, equals the Fisher information (Kunstner, Balles & Hennig 2019). ``Lambda`` per
+output position:
+
+- Categorical with logits ``f`` (``C`` classes): ``diag(p) - p p^T``, ``p = softmax(f)``;
+- Normal with location ``f``: ``1 / sigma^2`` (the scale is held at its value);
+- Student-t with location ``f``: ``(nu + 1) / ((nu + 3) sigma^2)``, the Fisher information of
+  the location (Lange, Little & Taylor 1989).
+
+The Jacobians come from ``torch.func.jacrev`` on a few rows at a time, for any model that
+follows ``docs/protocol.md``: ``laplace-torch`` (Daxberger et al. 2021) needs an ``nn.Module``
+whose ``forward(x)`` returns the output and whose weights are its parameters, while here the
+weights are Pyro sample sites, and its curvature back ends (BackPACK, ASDL, curvlinops) pull a
+CUDA build of torch over the CPU one this project pins.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from pyro import poutine
+
+from probtransformer.inference._runtime import pyro_scope
+from probtransformer.inference.posterior.linearized import natural_output
+from probtransformer.inference.posterior.prediction import (
+    _LikelihoodNotSampled,
+    activation_bytes,
+    model_device,
+)
+
+#: Bytes of one chunk's Jacobian ``(rows * outputs, d)`` in float32, and of the intermediates
+#: of its backward passes, one per output of every row, each through all rows of the chunk
+#: (``rows^2 * outputs`` row passes): the rows per chunk follow from both.
+JACOBIAN_BYTES = 2**26
+BACKWARD_BYTES = 2**29
+
+
+def likelihood_fn(model, condition: dict[str, torch.Tensor], x, mask):
+    """The likelihood distribution of ``model`` on ``(x, mask)`` with its latents conditioned
+    on ``condition`` (single-draw shapes), nothing drawn. Call inside ``pyro_scope()``."""
+    site = model.likelihood_site
+    conditioned = _LikelihoodNotSampled(site, model_device(model))(
+        poutine.condition(model, data=condition)
+    )
+    return poutine.trace(conditioned).get_trace(x, None, mask).nodes[site]["fn"]
+
+
+def mask_rows(mask: torch.Tensor | None, start: int, stop: int) -> torch.Tensor | None:
+    return None if mask is None else mask[start:stop]
+
+
+@dataclass
+class Curvature:
+    """The GGN of the log-likelihood at a mode and the log-likelihood there.
+
+    Attributes:
+        ggn: ``(d, d)`` (``structure="full"``) or ``(d,)`` (``"diag"``), float64.
+        log_likelihood: ``sum_n log p(y_n | f(x_n; mode))``, nats.
+        structure: ``"full"`` or ``"diag"``.
+    """
+
+    ggn: torch.Tensor
+    log_likelihood: float
+    structure: str
+
+
+class Subset:
+    """The latents the Laplace approximation covers, flattened into one vector ``theta``.
+
+    Args:
+        sites: ``{site: shape}`` in the order of ``theta``.
+    """
+
+    def __init__(self, sites: dict[str, torch.Size]) -> None:
+        self.sites = dict(sites)
+        self.sizes = [math.prod(shape) for shape in self.sites.values()]
+        self.dim = sum(self.sizes)
+
+    def flatten(self, values: dict[str, torch.Tensor]) -> torch.Tensor:
+        """``{site: (*lead, *shape)}`` -> ``(*lead, d)``."""
+        parts = []
+        for name, shape in self.sites.items():
+            value = values[name]
+            parts.append(value.reshape(*value.shape[: value.dim() - len(shape)], -1))
+        return torch.cat(parts, -1)
+
+    def unflatten(self, theta: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``(*lead, d)`` -> ``{site: (*lead, *shape)}``."""
+        pieces = torch.split(theta, self.sizes, dim=-1)
+        lead = theta.shape[:-1]
+        return {
+            name: piece.reshape(*lead, *shape)
+            for (name, shape), piece in zip(self.sites.items(), pieces, strict=True)
+        }
+
+    def groups(self) -> torch.Tensor:
+        """``(d,)`` index of each entry's site: the weight groups of the prior precision."""
+        return torch.repeat_interleave(torch.arange(len(self.sizes)), torch.tensor(self.sizes))
+
+
+def ggn(
+    model,
+    subset: Subset,
+    mode: dict[str, torch.Tensor],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    mask: torch.Tensor | None,
+    *,
+    structure: str,
+) -> Curvature:
+    """The GGN of ``sum_n log p(y_n | x_n, theta)`` in ``subset`` at ``mode`` (every latent
+    site, single-draw shapes), and the log-likelihood there.
+
+    Rows go through ``torch.func.jacrev`` in chunks whose Jacobian ``(rows * outputs, d)``
+    holds at most ``JACOBIAN_BYTES``; the sum is accumulated in float64. The model must be in
+    eval mode (dropout off): the curvature is that of the deterministic network.
+
+    Raises:
+        ValueError: an unsupported likelihood (``natural_output``); non-finite outputs.
+    """
+    d = subset.dim
+    theta0 = subset.flatten(mode).detach()
+    fixed = {k: v.detach() for k, v in mode.items() if k not in subset.sites}
+    total = torch.zeros((d, d) if structure == "full" else (d,), dtype=torch.float64)
+    log_lik = 0.0
+    start, rows = 0, 1  # the first row tells how many outputs a row has
+    with pyro_scope():
+        with torch.no_grad():  # mirrors the plain parameters into the scope's param store
+            first = likelihood_fn(
+                model, {**fixed, **subset.unflatten(theta0)}, x[:1], mask_rows(mask, 0, 1)
+            )
+        categorical = natural_output(first).kind == "categorical"
+        while start < len(x):
+            chunk = slice(start, start + rows)
+            xs, ms = x[chunk], mask_rows(mask, chunk.start, chunk.stop)
+
+            def outputs(theta, xs=xs, ms=ms, ys=y[chunk]):
+                fn = likelihood_fn(model, {**fixed, **subset.unflatten(theta)}, xs, ms)
+                out = natural_output(fn)
+                weight = out.f.new_ones(()) if out.weight is None else out.weight
+                return out.f, (out.f, fn.log_prob(ys).sum(), weight, out.mask)
+
+            jac, (f, chunk_log_lik, weight, out_mask) = torch.func.jacrev(outputs, has_aux=True)(
+                theta0
+            )
+            if not torch.isfinite(f).all():
+                raise ValueError(
+                    f"the model's outputs at the mode are not finite for rows {start} to "
+                    f"{start + len(xs) - 1}"
+                )
+            log_lik += float(chunk_log_lik.detach())
+            k = f.shape[-1]
+            jac = jac.reshape(-1, k, d).double()  # (P, K, d)
+            m = out_mask.reshape(-1, 1, 1).double()
+            if categorical:
+                p = torch.softmax(f.reshape(-1, k).double(), -1)[..., None]  # (P, C, 1)
+                weighted = p * (jac - (p * jac).sum(1, keepdim=True))
+            else:
+                weighted = weight.reshape(-1, 1, 1).double() * jac
+            weighted = weighted * m
+            if structure == "full":
+                total += torch.einsum("pkd,pke->de", jac, weighted)
+            else:
+                total += (jac * weighted).sum((0, 1))
+            if start == 0:  # size the next chunks from the first row's outputs
+                outputs_per_row = k * jac.shape[0]
+                backward = outputs_per_row * activation_bytes(model, xs)  # per row, all outputs
+                rows = max(
+                    1,
+                    min(
+                        JACOBIAN_BYTES // (4 * outputs_per_row * d),
+                        math.isqrt(BACKWARD_BYTES // max(1, backward)),
+                    ),
+                )
+            start = chunk.stop
+    return Curvature(total.detach(), log_lik, structure)
+
+
+__all__ = ["BACKWARD_BYTES", "Curvature", "JACOBIAN_BYTES", "Subset", "ggn", "likelihood_fn"]

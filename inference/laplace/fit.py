@@ -1,0 +1,433 @@
+"""``fit_laplace`` and ``fit_mola``: the Laplace approximation around a MAP fit or around every
+member of a deep ensemble, with the prior precision the evidence chooses."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+from pyro import poutine
+
+from probtransformer.data import SequenceData
+from probtransformer.inference._runtime import pyro_scope
+from probtransformer.inference.ensembles.baselines import _MAP_SIGNATURE, fit_ensemble, fit_map
+from probtransformer.inference.inputs import check_model, check_training_data
+from probtransformer.inference.laplace.curvature import Subset, ggn
+from probtransformer.inference.laplace.evidence import Gaussian, log_evidence, maximize_evidence
+from probtransformer.inference.posterior.posterior import Posterior
+from probtransformer.inference.posterior.prediction import _set_parameters
+from probtransformer.validation import check_int, described
+
+SUBSETS = ("head", "attention", "all")
+HESSIANS = ("full", "diag")
+PREDICTIVES = ("glm", "nn")
+#: Draws of the training rows on which ``record["glm_nn_disagreement"]`` is measured.
+DISAGREEMENT_ROWS = 256
+#: Bytes a full GGN may take by default (its Cholesky factor and inverse come on top).
+DEFAULT_MAX_MEMORY = 2**30
+
+
+def fit_laplace(
+    model: torch.nn.Module,
+    data: SequenceData,
+    *,
+    subset: str | list[str] = "head",
+    hessian: str = "full",
+    prior_precision: str | float = "marglik",
+    predictive: str = "glm",
+    ensemble: Posterior | None = None,
+    num_samples: int = 100,
+    max_memory: int = DEFAULT_MAX_MEMORY,
+    seed: int = 0,
+    progress: bool = True,
+    **kwargs,
+) -> Posterior:
+    """Laplace approximation (MacKay 1992; Daxberger et al. 2021, "Laplace Redux") around a MAP
+    fit, or around each member of a fitted deep ensemble (a mixture of Laplace approximations,
+    MoLA: Eschenhagen et al. 2021, "Mixtures of Laplace approximations for improved post-hoc
+    uncertainty in deep learning").
+
+    Around each mode ``theta*`` the latents in ``subset`` get the Gaussian
+    ``N(theta*, (G + diag(delta))^-1)``: ``G`` the generalized Gauss-Newton of the
+    log-likelihood over the whole training set (``inference.laplace.curvature``), ``delta`` one
+    prior precision per latent site. The other latents and the plain parameters stay at the
+    mode. ``delta`` maximizes the Laplace evidence (``prior_precision="marglik"``,
+    ``inference.laplace.evidence``), or is the model's own prior's (``"prior"``: the fixed
+    ``N(0, 3/sqrt(fan_in))`` of the built-in layers), or one number for every site. The mode
+    stays the MAP under the model's prior (post-hoc, as ``laplace-torch``).
+
+    Predictions (``predictive``): ``"glm"`` evaluates the likelihood at the network linearized
+    around each draw's mode, ``f(x, theta*) + J(x) (theta - theta*)`` (Monte Carlo over the GLM
+    predictive, Immer, Korzepa & Bauer 2021), by one forward-mode pass (``torch.func.jvp``)
+    for all draws; ``"nn"`` runs the network at the drawn weights. For the last layer alone
+    the network is linear in the subset and both agree. Attention and the ArviZ posterior
+    always come from the weight draws.
+
+    Args:
+        model: a ``PyroModule`` following ``docs/protocol.md`` with a Categorical, Normal or
+            Student-t likelihood and Normal priors on the subset's sites.
+        data: training split; ``data.y`` required.
+        subset: ``"head"`` (sites under the model's ``head``: the output layer),
+            ``"attention"`` (sites of the attention modules with real support: the
+            projections), ``"all"`` (every global latent with real support), or a list of site
+            names.
+        hessian: ``"full"`` GGN (``d x d``, refused above ``max_memory``), or ``"diag"`` (its
+            diagonal: any subset size).
+        prior_precision: ``"marglik"``, ``"prior"``, or a number ``> 0`` (precision, 1/scale^2).
+        predictive: ``"glm"`` or ``"nn"`` (above).
+        ensemble: a fitted ``fit_ensemble`` or ``fit_map`` posterior of ``model``'s class: one
+            Gaussian around each member (MoLA), no new fit. None: ``fit_map`` runs first with
+            ``seed``, ``progress`` and ``**kwargs``.
+        num_samples: draws kept in total, ``ceil(num_samples / M)`` per member.
+        max_memory: bytes the full GGN may take (float64, ``8 d^2``).
+        seed: seeds the MAP fit and the draws.
+        progress: show the MAP fit's progress bar.
+        **kwargs: ``fit_map``'s other settings (``num_steps``, ``lr``, ``batch_size`` ...);
+            only without ``ensemble``.
+
+    Returns:
+        A ``Posterior`` with ``samples {site: (M, S, *shape)}`` (one chain per member), the
+        members' plain parameters (``members``) when the ensemble has them, and each draw's
+        mode (``modes``, ``predictive="glm"``). ``record``: ``method`` (``"laplace"``, or
+        ``"mola"`` over several members), ``subset`` (site names), ``hessian``,
+        ``prior_precision``, ``predictive``, ``laplace`` (per member: ``log_evidence`` nats,
+        ``prior_precision`` per site, ``prior_scale`` per site, ``evidence_gradient``,
+        ``evidence_converged``, ``condition_number`` of the posterior precision,
+        ``log_likelihood``), ``glm_nn_disagreement`` (mean total variation distance between the
+        GLM and network predictive means on up to 256 training rows; categorical only),
+        ``mode_seconds``, ``laplace_seconds`` and ``seconds``.
+
+    Raises:
+        TypeError: ``ensemble`` not a Posterior, or given with ``fit_map`` settings; a setting
+            of the wrong type; an unknown keyword.
+        ValueError: an unknown ``subset``, ``hessian`` or ``predictive``; a subset that names
+            no latent, a site that is not one, or a site without real support or Normal prior;
+            ``prior_precision`` not "marglik", "prior" or a number > 0; a full GGN above
+            ``max_memory`` (names the bytes it needs and the limit); an ensemble fitted by
+            another method or of another model class; an unsupported likelihood.
+    """
+    _check_settings(hessian, prior_precision, predictive, num_samples, max_memory)
+    check_model(model)
+    check_training_data(model, data)
+    start = time.perf_counter()
+    if ensemble is None:
+        try:
+            _MAP_SIGNATURE.bind(model, data, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"fit_laplace(): {e}") from None
+        ensemble = fit_map(model, data, seed=seed, progress=progress, **kwargs)
+    else:
+        _check_ensemble(ensemble, model, kwargs)
+    mode_seconds = ensemble.record.get("seconds", time.perf_counter() - start)
+    start = time.perf_counter()
+    fitted = ensemble.model
+    sites = _subset_sites(fitted, ensemble, subset)
+    flat = Subset(sites)
+    if hessian == "full" and 8 * flat.dim**2 > max_memory:
+        raise ValueError(
+            f"a full GGN over {flat.dim} latent scalars takes {8 * flat.dim**2:,} bytes, above "
+            f"max_memory={max_memory:,}: use hessian='diag', a smaller subset, or raise max_memory"
+        )
+    prior_loc, prior_prec = _gaussian_prior(fitted, ensemble, flat)
+    modes, states = _modes(ensemble)
+    num_members = len(modes)
+    per_member = math.ceil(num_samples / num_members)
+    generator = torch.Generator().manual_seed(seed)
+    train = data.to(ensemble.device)
+    draws, summaries = [], []
+    for k, mode in enumerate(modes):
+        if states is not None:
+            _set_parameters(fitted, {name: value[k] for name, value in states.items()})
+        curvature = ggn(fitted, flat, mode, train.x, train.y, train.mask, structure=hessian)
+        mean = flat.flatten(mode).double().cpu()
+        gaussian, evidence = _prior_precision(
+            prior_precision, curvature, mean, mean - prior_loc, prior_prec, flat
+        )
+        summaries.append(
+            dict(
+                log_evidence=evidence["log_evidence"],
+                prior_precision=dict(zip(sites, evidence["precision"], strict=True)),
+                prior_scale={s: p**-0.5 for s, p in zip(sites, evidence["precision"], strict=True)},
+                evidence_gradient=evidence.get("gradient"),
+                evidence_converged=evidence.get("converged"),
+                condition_number=gaussian.condition_number(),
+                log_likelihood=curvature.log_likelihood,
+            )
+        )
+        draws.append(gaussian.sample(per_member, generator).float())
+    if states is not None:  # the posterior's model holds member 0's parameters
+        _set_parameters(fitted, {name: value[0] for name, value in states.items()})
+    theta = torch.stack(draws)  # (M, S, d)
+    device = ensemble.device
+    subset_samples = {k: v.to(device) for k, v in flat.unflatten(theta).items()}
+    samples, mode_draws = {}, {}
+    for name in ensemble.latent_shapes:
+        at_mode = torch.stack([mode[name] for mode in modes])  # (M, *shape)
+        repeated = at_mode[:, None].expand(num_members, per_member, *at_mode.shape[1:])
+        samples[name] = subset_samples.get(name, repeated).contiguous()
+        if name in sites:
+            mode_draws[name] = repeated.contiguous()
+    members = None
+    if states is not None:
+        members = {
+            name: value[:, None].expand(num_members, per_member, *value.shape[1:]).contiguous()
+            for name, value in states.items()
+        }
+    record = dict(
+        {k: v for k, v in ensemble.record.items() if k not in ("elbo", "seconds", "method")},
+        method="laplace" if num_members == 1 else "mola",
+        mode_method=ensemble.record.get("method"),
+        subset=list(sites),
+        hessian=hessian,
+        prior_precision=prior_precision,
+        predictive=predictive,
+        num_samples=num_samples,
+        laplace=summaries,
+        seed=seed,
+    )
+    posterior = Posterior(
+        fitted, samples=samples, members=members, record=record, example=ensemble.example,
+        modes=mode_draws if predictive == "glm" else None,
+    )  # fmt: skip
+    record["glm_nn_disagreement"] = _disagreement(posterior, train, mode_draws, seed)
+    record["laplace_seconds"] = time.perf_counter() - start
+    record["mode_seconds"] = mode_seconds
+    record["seconds"] = mode_seconds + record["laplace_seconds"]
+    return posterior
+
+
+def fit_mola(
+    model: torch.nn.Module,
+    data: SequenceData,
+    *,
+    n_members: int = 5,
+    seed: int = 0,
+    progress: bool = True,
+    subset: str | list[str] = "head",
+    hessian: str = "full",
+    prior_precision: str | float = "marglik",
+    predictive: str = "glm",
+    num_samples: int = 100,
+    max_memory: int = DEFAULT_MAX_MEMORY,
+    **kwargs,
+) -> Posterior:
+    """MoLA preset: ``fit_ensemble(model, data, n_members=n_members, seed=seed, **kwargs)``, then
+    ``fit_laplace(..., ensemble=...)`` around every member (Eschenhagen et al. 2021).
+
+    Args:
+        n_members, seed, progress, **kwargs: ``fit_ensemble``'s.
+        subset, hessian, prior_precision, predictive, num_samples, max_memory: ``fit_laplace``'s.
+
+    Returns:
+        ``fit_laplace``'s ``Posterior``; ``record["method"] == "mola"`` (``"laplace"`` for one
+        member), ``record["seconds"]`` the ensemble's fit seconds plus the Laplace ones.
+
+    Raises:
+        what ``fit_ensemble`` and ``fit_laplace`` raise.
+    """
+    _check_settings(hessian, prior_precision, predictive, num_samples, max_memory)
+    ensemble = fit_ensemble(
+        model, data, n_members=n_members, seed=seed, progress=progress, **kwargs
+    )
+    return fit_laplace(
+        model, data, subset=subset, hessian=hessian, prior_precision=prior_precision,
+        predictive=predictive, ensemble=ensemble, num_samples=num_samples,
+        max_memory=max_memory, seed=seed,
+    )  # fmt: skip
+
+
+# -- settings -------------------------------------------------------------------------------
+
+
+def _check_settings(hessian, prior_precision, predictive, num_samples, max_memory) -> None:
+    for name, value, choices in (
+        ("hessian", hessian, HESSIANS),
+        ("predictive", predictive, PREDICTIVES),
+    ):
+        if value not in choices:
+            raise ValueError(f"{name} must be one of {choices}, got {described(value)}")
+    if isinstance(prior_precision, str):
+        if prior_precision not in ("marglik", "prior"):
+            raise ValueError(
+                f"prior_precision must be 'marglik', 'prior' or a number > 0, got "
+                f"{prior_precision!r}"
+            )
+    elif isinstance(prior_precision, bool) or not isinstance(prior_precision, (int, float)):
+        raise TypeError(
+            f"prior_precision must be 'marglik', 'prior' or a number > 0, got "
+            f"{described(prior_precision)}"
+        )
+    elif not (0 < prior_precision < math.inf):
+        raise ValueError(f"prior_precision must be a finite number > 0, got {prior_precision!r}")
+    check_int("num_samples", num_samples)
+    check_int("max_memory", max_memory)
+
+
+def _check_ensemble(ensemble, model, kwargs) -> None:
+    if not isinstance(ensemble, Posterior):
+        raise TypeError(
+            f"ensemble must be a Posterior from fit_ensemble or fit_map, got {described(ensemble)}"
+        )
+    if kwargs:
+        raise TypeError(
+            f"fit_laplace(ensemble=...) fits nothing, so it takes no fit_map settings; got "
+            f"{', '.join(sorted(kwargs))}"
+        )
+    method = ensemble.record.get("method")
+    if method not in ("map", "ensemble"):
+        raise ValueError(
+            f"ensemble must come from fit_ensemble or fit_map (its modes are the Laplace "
+            f"approximation's centres), got a posterior of method {method!r}"
+        )
+    if type(ensemble.model) is not type(model):
+        raise ValueError(
+            f"ensemble was fitted on a {type(ensemble.model).__name__}, not on the "
+            f"{type(model).__name__} given"
+        )
+
+
+def _subset_sites(model, posterior: Posterior, subset) -> dict[str, torch.Size]:
+    """``{site: shape}`` of the subset, in the model's site order."""
+    shapes = posterior.latent_shapes
+    priors = _priors(model, posterior)
+    real = [name for name in shapes if _is_real(priors[name])]
+    if isinstance(subset, str):
+        if subset not in SUBSETS:
+            raise ValueError(
+                f"subset must be one of {SUBSETS} or a list of latent site names, got {subset!r}"
+            )
+        if subset == "head":
+            chosen = [name for name in real if name.startswith("head.")]
+        elif subset == "attention":
+            prefixes = _attention_prefixes(model)
+            chosen = [name for name in real if name.startswith(prefixes)]
+        else:
+            chosen = real
+        if not chosen:
+            raise ValueError(
+                f"subset={subset!r} names no latent site with real support of "
+                f"{type(model).__name__} (its latents: {sorted(shapes)}); pass a list of site names"
+            )
+    elif isinstance(subset, (list, tuple)) and subset and all(isinstance(s, str) for s in subset):
+        unknown = sorted(set(subset) - set(shapes))
+        if unknown:
+            raise ValueError(
+                f"subset names {unknown}, which are not latent sites of {type(model).__name__} "
+                f"(its latents: {sorted(shapes)})"
+            )
+        bad = sorted(set(subset) - set(real))
+        if bad:
+            raise ValueError(
+                f"the Laplace approximation needs latents with real support, and {bad} have "
+                "none: leave them out of subset (they stay at the mode)"
+            )
+        chosen = [name for name in shapes if name in subset]
+    else:
+        raise TypeError(
+            f"subset must be one of {SUBSETS} or a non-empty list of site names, got "
+            f"{described(subset)}"
+        )
+    for name in chosen:
+        if _normal(priors[name]) is None:
+            raise ValueError(
+                f"the Laplace evidence needs a Normal prior on {name!r}, got "
+                f"{type(priors[name]).__name__}: leave it out of subset"
+            )
+    return {name: shapes[name] for name in chosen}
+
+
+def _priors(model, posterior: Posterior) -> dict:
+    """``{site: prior distribution}`` of the global latents, from one trace of the model."""
+    with pyro_scope(), torch.no_grad(), poutine.block():
+        rows = posterior.example.to(posterior.device)
+        trace = poutine.trace(model).get_trace(rows.x, rows.y, rows.mask)
+    return {name: trace.nodes[name]["fn"] for name in posterior.latent_shapes}
+
+
+def _is_real(fn) -> bool:
+    support = fn.support
+    while isinstance(support, torch.distributions.constraints.independent):
+        support = support.base_constraint
+    return support is torch.distributions.constraints.real
+
+
+def _normal(fn) -> torch.distributions.Normal | None:
+    while isinstance(fn, torch.distributions.Independent):
+        fn = fn.base_dist
+    return fn if isinstance(fn, torch.distributions.Normal) else None
+
+
+def _attention_prefixes(model) -> tuple[str, ...]:
+    modules = [m for group in getattr(model, "attention_modules", {}).values() for m in group]
+    ids = {id(m) for m in modules}
+    return tuple(f"{name}." for name, module in model.named_modules() if id(module) in ids)
+
+
+def _gaussian_prior(model, posterior: Posterior, flat: Subset) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(d,)`` prior mean and precision of the subset under the model's own Normal priors."""
+    priors = _priors(model, posterior)
+    locs, precisions = {}, {}
+    for name, shape in flat.sites.items():
+        normal = _normal(priors[name])
+        locs[name] = normal.loc.detach().expand(shape)
+        precisions[name] = normal.scale.detach().pow(-2).expand(shape)
+    return flat.flatten(locs).double().cpu(), flat.flatten(precisions).double().cpu()
+
+
+def _modes(posterior: Posterior) -> tuple[list[dict], dict | None]:
+    """Each member's latent values ``{site: shape}`` and, for an ensemble with per-member
+    parameters, ``{name: (M, *shape)}``."""
+    if posterior.samples is not None:
+        samples = {k: v.detach().flatten(0, 1) for k, v in posterior.samples.items()}
+        count = len(next(iter(samples.values())))
+        modes = [{k: v[i] for k, v in samples.items()} for i in range(count)]
+    else:
+        modes = [{k: v[0, 0].detach() for k, v in posterior.draws(1).items()}]
+    members = posterior.members
+    states = None if members is None else {k: v.detach().flatten(0, 1) for k, v in members.items()}
+    return modes, states
+
+
+def _prior_precision(setting, curvature, mean, offset, prior_prec, flat: Subset):
+    """The Gaussian and what the run records of its prior precision and evidence."""
+    groups = flat.groups()
+    if setting == "marglik":
+        initial = torch.stack([prior_prec[groups == g].mean() for g in range(len(flat.sites))])
+        best = maximize_evidence(curvature.log_likelihood, offset, curvature.ggn, groups, initial)
+        precision = best.precision[groups]
+        found = dict(
+            precision=best.precision.tolist(),
+            log_evidence=best.log_evidence,
+            gradient=best.gradient,
+            converged=best.converged,
+        )
+    else:
+        precision = prior_prec if setting == "prior" else torch.full_like(prior_prec, setting)
+        value = log_evidence(curvature.log_likelihood, offset, curvature.ggn, precision)
+        found = dict(
+            precision=[float(precision[groups == g].mean()) for g in range(len(flat.sites))],
+            log_evidence=float(value),
+        )
+    return Gaussian(mean, curvature.ggn, precision), found
+
+
+def _disagreement(posterior: Posterior, train: SequenceData, modes: dict, seed: int):
+    """Mean total variation distance between the GLM and network predictive means on the first
+    ``DISAGREEMENT_ROWS`` training rows (categorical likelihoods; None otherwise)."""
+    rows = train[: min(len(train), DISAGREEMENT_ROWS)]
+    source = posterior.source
+    linearized = source.modes
+    try:
+        source.modes = modes
+        glm = posterior.predict(rows.x, rows.mask, seed=seed)
+        source.modes = None
+        network = posterior.predict(rows.x, rows.mask, seed=seed)
+    finally:
+        source.modes = linearized
+    if not hasattr(glm, "probs"):
+        return None
+    return float(0.5 * (glm.mean - network.mean).abs().sum(-1).mean())
+
+
+__all__ = ["DEFAULT_MAX_MEMORY", "HESSIANS", "PREDICTIVES", "SUBSETS", "fit_laplace", "fit_mola"]

@@ -96,7 +96,7 @@ class Subset:
         pieces = torch.split(theta, self.sizes, dim=-1)
         lead = theta.shape[:-1]
         return {
-            name: piece.reshape(*lead, *shape)
+            name: piece.reshape((*lead, *shape))
             for (name, shape), piece in zip(self.sites.items(), pieces, strict=True)
         }
 

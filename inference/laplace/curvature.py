@@ -28,6 +28,7 @@ import torch
 from pyro import poutine
 
 from probtransformer.inference._runtime import pyro_scope
+from probtransformer.inference.laplace.blocks import DiagBlock, FullBlock, KronBlock
 from probtransformer.inference.posterior.linearized import natural_output
 from probtransformer.inference.posterior.prediction import (
     _LikelihoodNotSampled,
@@ -61,12 +62,14 @@ class Curvature:
     """The GGN of the log-likelihood at a mode and the log-likelihood there.
 
     Attributes:
-        ggn: ``(d, d)`` (``structure="full"``) or ``(d,)`` (``"diag"``), float64.
+        blocks: the GGN's diagonal blocks in the order of ``theta`` (``inference.laplace.
+            blocks``): one ``FullBlock`` (``structure="full"``), one ``DiagBlock``
+            (``"diag"``), or one block per site (``"kron"``).
         log_likelihood: ``sum_n log p(y_n | f(x_n; mode))``, nats.
-        structure: ``"full"`` or ``"diag"``.
+        structure: ``"full"``, ``"diag"`` or ``"kron"``.
     """
 
-    ggn: torch.Tensor
+    blocks: list
     log_likelihood: float
     structure: str
 
@@ -118,9 +121,13 @@ def ggn(
     """The GGN of ``sum_n log p(y_n | x_n, theta)`` in ``subset`` at ``mode`` (every latent
     site, single-draw shapes), and the log-likelihood there.
 
-    Rows go through ``torch.func.jacrev`` in chunks whose Jacobian ``(rows * outputs, d)``
-    holds at most ``JACOBIAN_BYTES``; the sum is accumulated in float64. The model must be in
-    eval mode (dropout off): the curvature is that of the deterministic network.
+    ``structure``: ``"full"`` (one ``d x d`` block), ``"diag"``, or ``"kron"`` (one block per
+    site: ``KronBlock`` for sites of two or more dims, a full block for the others). The GGN is
+    accumulated as ``sum R^T R`` over rows of ``R = Lambda^(1/2) J``: ``sqrt(p) (J - p^T J)``
+    for a categorical (``Lambda = diag(p) - p p^T``), ``sqrt(w) J`` for a location. Rows go
+    through ``torch.func.jacrev`` in chunks whose Jacobian ``(rows * outputs, d)`` holds at most
+    ``JACOBIAN_BYTES``, in float64 from there. The model must be in eval mode (dropout off):
+    the curvature is that of the deterministic network.
 
     Raises:
         ValueError: an unsupported likelihood (``natural_output``); non-finite outputs.
@@ -128,7 +135,7 @@ def ggn(
     d = subset.dim
     theta0 = subset.flatten(mode).detach()
     fixed = {k: v.detach() for k, v in mode.items() if k not in subset.sites}
-    total = torch.zeros((d, d) if structure == "full" else (d,), dtype=torch.float64)
+    sums = _Sums(subset, structure)
     log_lik = 0.0
     start, rows = 0, 1  # the first row tells how many outputs a row has
     with pyro_scope():
@@ -147,9 +154,9 @@ def ggn(
                 weight = out.f.new_ones(()) if out.weight is None else out.weight
                 return out.f, (out.f, fn.log_prob(ys).sum(), weight, out.mask)
 
-            jac, (f, chunk_log_lik, weight, out_mask) = torch.func.jacrev(outputs, has_aux=True)(
-                theta0
-            )
+            jac, aux = torch.func.jacrev(outputs, has_aux=True)(theta0)
+            # the plain parameters require grad: nothing of theirs is kept
+            jac, (f, chunk_log_lik, weight, out_mask) = jac.detach(), [a.detach() for a in aux]
             if not torch.isfinite(f).all():
                 raise ValueError(
                     f"the model's outputs at the mode are not finite for rows {start} to "
@@ -161,14 +168,10 @@ def ggn(
             m = out_mask.reshape(-1, 1, 1).double()
             if categorical:
                 p = torch.softmax(f.reshape(-1, k).double(), -1)[..., None]  # (P, C, 1)
-                weighted = p * (jac - (p * jac).sum(1, keepdim=True))
+                root = p.sqrt() * (jac - (p * jac).sum(1, keepdim=True))
             else:
-                weighted = weight.reshape(-1, 1, 1).double() * jac
-            weighted = weighted * m
-            if structure == "full":
-                total += torch.einsum("pkd,pke->de", jac, weighted)
-            else:
-                total += (jac * weighted).sum((0, 1))
+                root = weight.reshape(-1, 1, 1).double().sqrt() * jac
+            sums.add((root * m).reshape(-1, d))
             if start == 0:  # size the next chunks from the first row's outputs
                 outputs_per_row = k * jac.shape[0]
                 backward = outputs_per_row * activation_bytes(model, xs)  # per row, all outputs
@@ -180,7 +183,91 @@ def ggn(
                     ),
                 )
             start = chunk.stop
-    return Curvature(total.detach(), log_lik, structure)
+    return Curvature(sums.blocks(), log_lik, structure)
 
 
-__all__ = ["BACKWARD_BYTES", "Curvature", "JACOBIAN_BYTES", "Subset", "ggn", "likelihood_fn"]
+def kron_shape(shape: torch.Size) -> tuple[int, int] | None:
+    """``(out, in)`` of a site's Kronecker factors (all dims but the last, the last), or None
+    for a site of fewer than two dims."""
+    if len(shape) < 2:
+        return None
+    return math.prod(shape[:-1]), shape[-1]
+
+
+def memory_bytes(subset: Subset, structure: str) -> int:
+    """Bytes of the curvature blocks of ``structure`` over ``subset`` (float64)."""
+    if structure == "full":
+        return 8 * subset.dim**2
+    if structure == "diag":
+        return 8 * subset.dim
+    total = 0
+    for shape, size in zip(subset.sites.values(), subset.sizes, strict=True):
+        factors = kron_shape(shape)
+        total += 8 * (size**2 if factors is None else factors[0] ** 2 + factors[1] ** 2)
+    return total
+
+
+class _Sums:
+    """Running sums of ``R^T R`` in the blocks of ``structure``."""
+
+    def __init__(self, subset: Subset, structure: str) -> None:
+        self.structure = structure
+        self.subset = subset
+        d = subset.dim
+        if structure == "full":
+            self.parts = [torch.zeros(d, d, dtype=torch.float64)]
+        elif structure == "diag":
+            self.parts = [torch.zeros(d, dtype=torch.float64)]
+        else:
+            self.parts = []
+            for shape, size in zip(subset.sites.values(), subset.sizes, strict=True):
+                factors = kron_shape(shape)
+                if factors is None:
+                    self.parts.append(torch.zeros(size, size, dtype=torch.float64))
+                else:
+                    out, inp = factors
+                    self.parts.append(
+                        [
+                            torch.zeros(out, out, dtype=torch.float64),
+                            torch.zeros(inp, inp, dtype=torch.float64),
+                            torch.zeros((), dtype=torch.float64),
+                        ]
+                    )
+
+    def add(self, root: torch.Tensor) -> None:
+        """``root``: ``(rows, d)`` rows of ``Lambda^(1/2) J``."""
+        if self.structure == "full":
+            self.parts[0] += root.T @ root
+            return
+        if self.structure == "diag":
+            self.parts[0] += root.pow(2).sum(0)
+            return
+        pieces = torch.split(root, self.subset.sizes, dim=1)
+        for part, piece, shape in zip(self.parts, pieces, self.subset.sites.values(), strict=True):
+            factors = kron_shape(shape)
+            if factors is None:
+                part += piece.T @ piece
+                continue
+            v = piece.reshape(-1, *factors)  # (rows, out, in)
+            part[0] += torch.einsum("roi,rpi->op", v, v)
+            part[1] += torch.einsum("roi,roj->ij", v, v)
+            part[2] += v.pow(2).sum()
+
+    def blocks(self) -> list:
+        if self.structure == "diag":
+            return [DiagBlock(self.parts[0])]
+        return [
+            KronBlock(*part) if isinstance(part, list) else FullBlock(part) for part in self.parts
+        ]
+
+
+__all__ = [
+    "BACKWARD_BYTES",
+    "Curvature",
+    "JACOBIAN_BYTES",
+    "Subset",
+    "ggn",
+    "kron_shape",
+    "likelihood_fn",
+    "memory_bytes",
+]

@@ -1,7 +1,8 @@
 """The Gaussian of a Laplace approximation and its marginal likelihood (MacKay 1992).
 
 Around a mode ``theta*`` with prior ``N(m, diag(1/delta))`` and GGN ``G`` of the
-log-likelihood, the posterior is ``N(theta*, (G + diag(delta))^-1)`` and the log evidence is
+log-likelihood (in diagonal blocks, ``inference.laplace.blocks``), the posterior is
+``N(theta*, (G + diag(delta))^-1)`` and the log evidence is
 
     log Z(delta) = log p(D | theta*) - 1/2 sum_i delta_i (theta*_i - m_i)^2
                    + 1/2 sum_i log delta_i - 1/2 log det(G + diag(delta)),
@@ -26,65 +27,70 @@ GRADIENT_TOLERANCE = 1e-3
 LOG_PRECISION_BOUNDS = (-20.0, 20.0)
 
 
+def _slices(blocks: list) -> list[slice]:
+    out, start = [], 0
+    for block in blocks:
+        out.append(slice(start, start + block.size))
+        start += block.size
+    return out
+
+
 @dataclass
 class Gaussian:
-    """``N(mean, precision^-1)`` over the flat subset ``theta`` (float64).
+    """``N(mean, (G + diag(delta))^-1)`` over the flat subset ``theta`` (float64), ``G`` in
+    diagonal blocks (``inference.laplace.blocks``).
 
     Attributes:
         mean: ``(d,)`` the mode.
-        ggn: ``(d, d)`` or ``(d,)``: the likelihood's curvature.
+        blocks: the GGN's blocks, in the order of ``theta``.
         prior_precision: ``(d,)`` ``delta``.
     """
 
     mean: torch.Tensor
-    ggn: torch.Tensor
+    blocks: list
     prior_precision: torch.Tensor
 
-    @property
-    def full(self) -> bool:
-        return self.ggn.dim() == 2
-
-    def precision(self) -> torch.Tensor:
-        """``G + diag(delta)``: ``(d, d)`` full, ``(d,)`` diagonal."""
-        if self.full:
-            return self.ggn + torch.diag(self.prior_precision)
-        return self.ggn + self.prior_precision
+    def sample(self, num: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        """``(num, d)`` draws."""
+        eps = torch.randn(num, len(self.mean), dtype=torch.float64, generator=generator)
+        parts = [
+            block.sample(eps[:, part], self.prior_precision[part])
+            for block, part in zip(self.blocks, _slices(self.blocks), strict=True)
+        ]
+        return self.mean + torch.cat(parts, -1)
 
     def covariance(self) -> torch.Tensor:
-        """``(d, d)`` (full) or ``(d,)`` (diagonal) covariance."""
-        precision = self.precision()
-        return (
-            torch.cholesky_inverse(torch.linalg.cholesky(precision)) if self.full else 1 / precision
+        """``(d, d)`` covariance (block diagonal)."""
+        return torch.block_diag(
+            *(
+                block.covariance(self.prior_precision[part])
+                for block, part in zip(self.blocks, _slices(self.blocks), strict=True)
+            )
         )
-
-    def sample(self, num: int, generator: torch.Generator | None = None) -> torch.Tensor:
-        """``(num, d)`` draws: ``mean + L^-T eps`` with ``precision = L L^T``."""
-        eps = torch.randn(num, len(self.mean), dtype=torch.float64, generator=generator)
-        precision = self.precision()
-        if not self.full:
-            return self.mean + eps / precision.sqrt()
-        chol = torch.linalg.cholesky(precision)
-        return self.mean + torch.linalg.solve_triangular(chol.mT, eps.mT, upper=True).mT
 
     def condition_number(self) -> float:
         """Largest over smallest eigenvalue of the posterior precision."""
-        precision = self.precision()
-        values = torch.linalg.eigvalsh(precision) if self.full else precision
+        values = torch.cat(
+            [
+                block.eigenvalues(self.prior_precision[part])
+                for block, part in zip(self.blocks, _slices(self.blocks), strict=True)
+            ]
+        )
         return float(values.max() / values.min())
 
 
 def log_evidence(
     log_likelihood: float,
     offset: torch.Tensor,
-    ggn: torch.Tensor,
+    blocks: list,
     prior_precision: torch.Tensor,
 ) -> torch.Tensor:
     """``log Z`` (nats) of the module docstring; ``offset = theta* - m`` ``(d,)``,
     ``prior_precision`` ``(d,)``, differentiable in it."""
-    if ggn.dim() == 2:
-        logdet = 2 * torch.linalg.cholesky(ggn + torch.diag(prior_precision)).diagonal().log().sum()
-    else:
-        logdet = (ggn + prior_precision).log().sum()
+    logdet = sum(
+        block.logdet(prior_precision[part])
+        for block, part in zip(blocks, _slices(blocks), strict=True)
+    )
     return (
         log_likelihood
         - 0.5 * (prior_precision * offset**2).sum()
@@ -115,7 +121,7 @@ class Evidence:
 def maximize_evidence(
     log_likelihood: float,
     offset: torch.Tensor,
-    ggn: torch.Tensor,
+    blocks: list,
     groups: torch.Tensor,
     initial: torch.Tensor,
     *,
@@ -136,20 +142,22 @@ def maximize_evidence(
         nonlocal calls
         calls += 1
         optimizer.zero_grad()
-        value = -log_evidence(log_likelihood, offset, ggn, log_delta.clamp(low, high).exp()[groups])
+        value = -log_evidence(
+            log_likelihood, offset, blocks, log_delta.clamp(low, high).exp()[groups]
+        )
         value.backward()
         return value
 
     optimizer.step(closure)
     with torch.no_grad():
         log_delta.clamp_(low, high)
-    value = log_evidence(log_likelihood, offset, ggn, log_delta.exp()[groups])
+    value = log_evidence(log_likelihood, offset, blocks, log_delta.exp()[groups])
     (grad,) = torch.autograd.grad(value, log_delta)
     free = (log_delta > low) & (log_delta < high)
     gradient = float(grad[free].abs().max()) if free.any() else 0.0
     return Evidence(
         precision=log_delta.detach().exp(),
-        log_evidence=float(value),
+        log_evidence=float(value.detach()),
         gradient=gradient,
         converged=math.isfinite(float(value)) and gradient <= GRADIENT_TOLERANCE,
         iterations=calls,

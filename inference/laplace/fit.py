@@ -13,14 +13,14 @@ from probtransformer.data import SequenceData
 from probtransformer.inference._runtime import pyro_scope
 from probtransformer.inference.ensembles.baselines import _MAP_SIGNATURE, fit_ensemble, fit_map
 from probtransformer.inference.inputs import check_model, check_training_data
-from probtransformer.inference.laplace.curvature import Subset, ggn
+from probtransformer.inference.laplace.curvature import Subset, ggn, memory_bytes
 from probtransformer.inference.laplace.evidence import Gaussian, log_evidence, maximize_evidence
 from probtransformer.inference.posterior.posterior import Posterior
 from probtransformer.inference.posterior.prediction import _set_parameters
 from probtransformer.validation import check_int, described
 
 SUBSETS = ("head", "attention", "all")
-HESSIANS = ("full", "diag")
+HESSIANS = ("full", "kron", "diag")
 PREDICTIVES = ("glm", "nn")
 #: Draws of the training rows on which ``record["glm_nn_disagreement"]`` is measured.
 DISAGREEMENT_ROWS = 256
@@ -72,15 +72,18 @@ def fit_laplace(
             ``"attention"`` (sites of the attention modules with real support: the
             projections), ``"all"`` (every global latent with real support), or a list of site
             names.
-        hessian: ``"full"`` GGN (``d x d``, refused above ``max_memory``), or ``"diag"`` (its
-            diagonal: any subset size).
+        hessian: ``"full"`` GGN (``d x d``), ``"kron"`` (one block per site, Kronecker-factored
+            for sites of two or more dims: ``inference.laplace.blocks.KronBlock``), or
+            ``"diag"`` (its diagonal); each refused when its blocks take more than
+            ``max_memory``.
         prior_precision: ``"marglik"``, ``"prior"``, or a number ``> 0`` (precision, 1/scale^2).
         predictive: ``"glm"`` or ``"nn"`` (above).
         ensemble: a fitted ``fit_ensemble`` or ``fit_map`` posterior of ``model``'s class: one
             Gaussian around each member (MoLA), no new fit. None: ``fit_map`` runs first with
             ``seed``, ``progress`` and ``**kwargs``.
         num_samples: draws kept in total, ``ceil(num_samples / M)`` per member.
-        max_memory: bytes the full GGN may take (float64, ``8 d^2``).
+        max_memory: bytes the GGN's blocks may take (float64; full: ``8 d^2``), checked
+            before any is allocated.
         seed: seeds the MAP fit and the draws.
         progress: show the MAP fit's progress bar.
         **kwargs: ``fit_map``'s other settings (``num_steps``, ``lr``, ``batch_size`` ...);
@@ -124,10 +127,13 @@ def fit_laplace(
     fitted = ensemble.model
     sites = _subset_sites(fitted, ensemble, subset)
     flat = Subset(sites)
-    if hessian == "full" and 8 * flat.dim**2 > max_memory:
+    needed = memory_bytes(flat, hessian)
+    if needed > max_memory:
+        better = {"full": "hessian='kron' or 'diag'", "kron": "hessian='diag'"}.get(hessian)
         raise ValueError(
-            f"a full GGN over {flat.dim} latent scalars takes {8 * flat.dim**2:,} bytes, above "
-            f"max_memory={max_memory:,}: use hessian='diag', a smaller subset, or raise max_memory"
+            f"a {hessian} GGN over {flat.dim} latent scalars takes {needed:,} bytes, above "
+            f"max_memory={max_memory:,}: use {better + ', ' if better else ''}a smaller subset, "
+            "or raise max_memory"
         )
     prior_loc, prior_prec = _gaussian_prior(fitted, ensemble, flat)
     modes, states = _modes(ensemble)
@@ -394,7 +400,9 @@ def _prior_precision(setting, curvature, mean, offset, prior_prec, flat: Subset)
     groups = flat.groups()
     if setting == "marglik":
         initial = torch.stack([prior_prec[groups == g].mean() for g in range(len(flat.sites))])
-        best = maximize_evidence(curvature.log_likelihood, offset, curvature.ggn, groups, initial)
+        best = maximize_evidence(
+            curvature.log_likelihood, offset, curvature.blocks, groups, initial
+        )
         precision = best.precision[groups]
         found = dict(
             precision=best.precision.tolist(),
@@ -404,12 +412,12 @@ def _prior_precision(setting, curvature, mean, offset, prior_prec, flat: Subset)
         )
     else:
         precision = prior_prec if setting == "prior" else torch.full_like(prior_prec, setting)
-        value = log_evidence(curvature.log_likelihood, offset, curvature.ggn, precision)
+        value = log_evidence(curvature.log_likelihood, offset, curvature.blocks, precision)
         found = dict(
             precision=[float(precision[groups == g].mean()) for g in range(len(flat.sites))],
             log_evidence=float(value),
         )
-    return Gaussian(mean, curvature.ggn, precision), found
+    return Gaussian(mean, curvature.blocks, precision), found
 
 
 def _disagreement(posterior: Posterior, train: SequenceData, modes: dict, seed: int):

@@ -8,6 +8,7 @@ import probtransformer.inference.laplace.curvature as curvature
 from probtransformer.data import SequenceData
 from probtransformer.inference import Posterior, fit_ensemble, fit_laplace, fit_map, fit_mola
 from probtransformer.inference.inputs import example_of
+from probtransformer.inference.laplace.blocks import KronBlock
 from probtransformer.inference.laplace.curvature import Subset, ggn
 from probtransformer.inference.laplace.evidence import GRADIENT_TOLERANCE
 from probtransformer.models import BayesianLinearRegression, SequenceClassifier
@@ -79,10 +80,11 @@ def test_the_gaussian_itself_matches_the_analytic_covariance_exactly():
     flat = Subset({"weight": torch.Size([3]), "bias": torch.Size([])})
     mode = {"weight": exact.mean[:3].float(), "bias": exact.mean[3].float()}
     found = ggn(model, flat, mode, data.x, data.y, None, structure="full")
-    precision = found.ggn + torch.eye(4, dtype=torch.float64) / 1.5**2
+    (block,) = found.blocks
+    precision = block.ggn + torch.eye(4, dtype=torch.float64) / 1.5**2
     assert torch.allclose(torch.linalg.inv(precision), exact.covariance_matrix, atol=1e-6)
-    diagonal = ggn(model, flat, mode, data.x, data.y, None, structure="diag")
-    assert torch.allclose(diagonal.ggn, found.ggn.diagonal(), atol=1e-8)
+    (diagonal,) = ggn(model, flat, mode, data.x, data.y, None, structure="diag").blocks
+    assert torch.allclose(diagonal.ggn, block.ggn.diagonal(), atol=1e-8)
 
 
 def test_marglik_maximizes_the_evidence():
@@ -150,10 +152,23 @@ def test_ggn_matches_a_torch_func_reference_in_any_chunking(mapped, train, subse
         expected = reference_ggn(model, sites, mode, rows).detach()
     flat = Subset(sites)
     found = ggn(model, flat, mode, rows.x, rows.y, rows.mask, structure="full")
-    assert torch.allclose(found.ggn, expected, atol=1e-6, rtol=1e-4)  # float32 Jacobians
+    (block,) = found.blocks
+    assert torch.allclose(block.ggn, expected, atol=1e-6, rtol=1e-4)  # float32 Jacobians
     monkeypatch.setattr(curvature, "JACOBIAN_BYTES", 1)  # one row per chunk
-    one_by_one = ggn(model, flat, mode, rows.x, rows.y, rows.mask, structure="diag")
+    (one_by_one,) = ggn(model, flat, mode, rows.x, rows.y, rows.mask, structure="diag").blocks
     assert torch.allclose(one_by_one.ggn, expected.diagonal(), atol=1e-6, rtol=1e-4)
+    # kron: one block per site, each of the exact GGN's trace; the 1-dim sites exact
+    kron = ggn(model, flat, mode, rows.x, rows.y, rows.mask, structure="kron").blocks
+    start = 0
+    for shape, size, block in zip(sites.values(), flat.sizes, kron, strict=True):
+        part = expected[start : start + size, start : start + size]
+        if len(shape) < 2:
+            assert torch.allclose(block.ggn, part, atol=1e-6, rtol=1e-4)
+        else:
+            assert float(block.ggn_eigenvalues.sum()) == pytest.approx(
+                float(part.trace()), rel=1e-4
+            )
+        start += size
     expected_log_lik = -torch.nn.functional.cross_entropy(
         mapped.predict(rows.x, rows.mask).probs[0].log(), rows.y, reduction="sum"
     )
@@ -218,10 +233,35 @@ def test_mola_keeps_one_gaussian_per_member(train):
     assert post.record["seconds"] >= post.record["laplace_seconds"] > 0
 
 
+def test_kron_is_exact_when_every_row_has_rank_one():
+    # one output per row: the weight's (1, P) rows V_r = sqrt(w) x_r^T have rank one
+    model, data = regression()
+    model = BayesianLinearRegression(3, prior_scale=1.5, noise_scale=0.7, fit_intercept=False)
+    flat = Subset({"weight": torch.Size([3])})
+    mode = {"weight": torch.tensor([1.0, -2.0, 0.5])}
+    (full,) = ggn(model, flat, mode, data.x, data.y, None, structure="full").blocks
+    # a (3,) site has one dim: kron treats it as a full block; as (1, 3) it factors exactly
+    kron = KronBlock(*_kron_factors(data.x.double() / 0.7))
+    delta = torch.full((3,), 0.4, dtype=torch.float64)
+    assert torch.allclose(kron.covariance(delta), full.covariance(delta), atol=1e-7)
+    assert float(kron.logdet(delta)) == pytest.approx(float(full.logdet(delta)), rel=1e-7)
+    draws = kron.sample(torch.randn(20_000, 3, dtype=torch.float64), delta)
+    assert torch.allclose(draws.T.cov(), full.covariance(delta), atol=2e-3)
+
+
+def _kron_factors(rows: torch.Tensor):
+    v = rows[:, None, :]  # (N, out=1, in=3)
+    return (
+        torch.einsum("roi,rpi->op", v, v),
+        torch.einsum("roi,roj->ij", v, v),
+        v.pow(2).sum(),
+    )
+
+
 @pytest.mark.parametrize(
     ("settings", "error", "match"),
     [
-        (dict(hessian="kron"), ValueError, "hessian must be one of"),
+        (dict(hessian="kfac"), ValueError, "hessian must be one of"),
         (dict(predictive="probit"), ValueError, "predictive must be one of"),
         (dict(prior_precision="auto"), ValueError, "'marglik', 'prior' or a number"),
         (dict(prior_precision=-1.0), ValueError, "finite number > 0"),

@@ -37,7 +37,29 @@ def is_laplace(record: dict) -> bool:
     return record.get("method") in LAPLACE_METHODS
 
 
-def laplace_lines(record: dict, flag: Callable[[bool, str], str]) -> list[str]:
+def model_prior_scales(posterior, sites) -> dict[str, float]:
+    """The scale ``mean(1/sigma^2)^-1/2`` of the model's own Normal prior on each of ``sites``
+    that has one (the fixed ``N(0, 3/sqrt(fan_in))`` of the built-in layers), the convention of
+    ``record["laplace"][k]["prior_scale"]`` for ``prior_precision="prior"``, from one trace of
+    ``posterior.model`` on its example row. Sites that are not latents of the model, or have
+    no Normal prior, are left out; ``sites`` not a list gives ``{}``."""
+    # fit imports Posterior, whose module imports diagnose: imported when called
+    from probtransformer.inference.laplace.fit import _normal, _priors
+
+    if not isinstance(sites, list):
+        return {}
+    priors = _priors(posterior.model, posterior)
+    scales = {}
+    for site in sites:
+        normal = _normal(priors[site]) if site in priors else None
+        if normal is not None:
+            scales[site] = float(normal.scale.detach().double().pow(-2).mean()) ** -0.5
+    return scales
+
+
+def laplace_lines(
+    record: dict, flag: Callable[[bool, str], str], model_scales: dict[str, float] | None = None
+) -> list[str]:
     """Verdict lines of a Laplace posterior's record.
 
     - ``WARN`` a posterior precision whose condition number (``condition_number``, largest over
@@ -50,11 +72,13 @@ def laplace_lines(record: dict, flag: Callable[[bool, str], str]) -> list[str]:
       linear in the subset over the posterior's spread (``n/a`` when it is None: not a
       categorical likelihood);
     - ``info`` the prior scale ``1/sqrt(delta)`` of each site (over several members: median,
-      min and max).
+      min and max), beside the model's own prior scale where ``model_scales`` has it.
 
     Args:
         record: the posterior's record; ``record["laplace"]`` a list of one dict per member.
         flag: ``flag(bad, text)`` marks a line ``WARN`` or ``ok``.
+        model_scales: ``{site: scale}`` of the model's own prior (``model_prior_scales``), or
+            None.
 
     Returns:
         The lines; a single ``WARN`` line when ``record["laplace"]`` is missing or not a list
@@ -71,7 +95,7 @@ def laplace_lines(record: dict, flag: Callable[[bool, str], str]) -> list[str]:
         _conditioning_line(members, several, flag),
         _evidence_line(members, record.get("prior_precision"), several, flag),
         _disagreement_line(record.get("glm_nn_disagreement"), record.get("subset"), flag),
-        *_scale_lines(members, record.get("prior_precision")),
+        *_scale_lines(members, record.get("prior_precision"), model_scales or {}),
     ]
 
 
@@ -168,7 +192,7 @@ def _disagreement_line(value, subset, flag) -> str:
     return flag(distance > DISAGREEMENT_MAX, text)
 
 
-def _scale_lines(members: list[dict], setting) -> list[str]:
+def _scale_lines(members: list[dict], setting, model_scales: dict[str, float]) -> list[str]:
     scales = [m.get("prior_scale") for m in members]
     if not all(isinstance(s, dict) and s for s in scales):
         return ["n/a   prior scale per site: not recorded"]
@@ -176,13 +200,11 @@ def _scale_lines(members: list[dict], setting) -> list[str]:
     shown = []
     for site in scales[0]:
         values = sorted(v for s in scales if (v := _number(s.get(site))) is not None)
-        if not values:
-            shown.append(f"{site} ?")
-        elif len(values) == 1:
-            shown.append(f"{site} {values[0]:.3g}")
-        else:
-            median = statistics.median(values)
-            shown.append(f"{site} {median:.3g} ({values[0]:.3g}-{values[-1]:.3g})")
+        notes = [f"{values[0]:.3g}-{values[-1]:.3g}"] if len(values) > 1 else []
+        if site in model_scales:
+            notes.append(f"model's prior {model_scales[site]:.3g}")
+        value = f"{statistics.median(values):.3g}" if values else "?"
+        shown.append(f"{site} {value}" + (f" ({'; '.join(notes)})" if notes else ""))
     over = f", median (min-max) over {len(members)} members" if len(members) > 1 else ""
     return [f"info  prior scale 1/sqrt(precision) per site, {source}{over}: " + "; ".join(shown)]
 
@@ -193,4 +215,5 @@ __all__ = [
     "LAPLACE_METHODS",
     "is_laplace",
     "laplace_lines",
+    "model_prior_scales",
 ]

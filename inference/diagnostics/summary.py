@@ -23,7 +23,11 @@ from probtransformer.inference.diagnostics.guide_checks import (
     guide_scale_ratio,
 )
 from probtransformer.inference.diagnostics.inference_data import superchain_ids, with_superchain
-from probtransformer.inference.diagnostics.laplace_checks import is_laplace, laplace_lines
+from probtransformer.inference.diagnostics.laplace_checks import (
+    is_laplace,
+    laplace_lines,
+    model_prior_scales,
+)
 from probtransformer.inference.diagnostics.sampler_checks import sampler_lines, temperature_line
 from probtransformer.inference.vi.guides import AmortizedGuide
 from probtransformer.layers import BayesLinear
@@ -164,7 +168,8 @@ def diagnose(
             "n/a   R-hat and ESS do not apply: Laplace draws are independent samples of a "
             "Gaussian around each mode, not a Markov chain"
         )
-        verdict.extend(laplace_lines(record, _flag))
+        scales = model_prior_scales(posterior, record.get("subset"))
+        verdict.extend(laplace_lines(record, _flag, scales))
     elif posterior.mc_dropout or _is_ensemble(posterior):
         verdict.append(
             "n/a   R-hat and ESS do not apply: "

@@ -10,6 +10,7 @@ from probtransformer.inference.diagnostics.laplace_checks import (
     CONDITION_NUMBER_MAX,
     DISAGREEMENT_MAX,
     laplace_lines,
+    model_prior_scales,
 )
 from probtransformer.inference.diagnostics.summary import _flag
 from probtransformer.models import SequenceClassifier
@@ -120,9 +121,10 @@ def test_the_prior_scale_is_printed_per_site():
     )
     scales = [{"head.weight": w, "head.bias": 0.5} for w in (1.0, 3.0, 2.0)]
     members = [_member(prior_scale=s) for s in scales]
-    several = laplace_lines(_record(members), _flag)[-1]
+    several = laplace_lines(_record(members), _flag, {"head.weight": 0.75})[-1]
     assert several.endswith(
-        "median (min-max) over 3 members: head.weight 2 (1-3); head.bias 0.5 (0.5-0.5)"
+        "median (min-max) over 3 members: head.weight 2 (1-3; model's prior 0.75); "
+        "head.bias 0.5 (0.5-0.5)"
     )
 
 
@@ -146,7 +148,8 @@ def test_diagnose_gives_a_fitted_laplace_posterior_its_verdict(laplace_posterior
     assert _warnings(verdict) == []
     assert any(line.startswith("ok    condition number") for line in verdict)
     assert any(line.startswith("ok    evidence maximization converged") for line in verdict)
-    assert any(line.startswith("info  prior scale") and "head.weight" in line for line in verdict)
+    (scales,) = [line for line in verdict if line.startswith("info  prior scale")]
+    assert "head.weight" in scales and "model's prior" in scales
     assert table["r_hat_max"].isna().all()
 
 
@@ -161,3 +164,18 @@ def test_diagnose_flags_a_damaged_laplace_record(laplace_posterior, monkeypatch)
         "WARN  evidence maximization did not converge",
         "WARN  GLM against sampled-network predictive",
     ]
+
+
+def test_the_model_prior_scale_is_what_prior_precision_prior_records(digits):
+    """``prior_precision="prior"`` records the model's own prior; ``model_prior_scales`` reads
+    the same numbers from the model, so the two conventions agree."""
+    model = SequenceClassifier(8, 10, 8, **TINY)
+    posterior = fit_laplace(
+        model, digits.train[:32], prior_precision="prior", num_steps=2, num_samples=4,
+        progress=False,
+    )  # fmt: skip
+    recorded = posterior.record["laplace"][0]["prior_scale"]
+    scales = model_prior_scales(posterior, posterior.record["subset"])
+    assert scales == pytest.approx(recorded, rel=1e-6)
+    assert model_prior_scales(posterior, ["no.such.site"]) == {}
+    assert model_prior_scales(posterior, None) == {}

@@ -23,6 +23,11 @@ from probtransformer.inference.diagnostics.guide_checks import (
     guide_scale_ratio,
 )
 from probtransformer.inference.diagnostics.inference_data import superchain_ids, with_superchain
+from probtransformer.inference.diagnostics.laplace_checks import (
+    is_laplace,
+    laplace_lines,
+    model_prior_scales,
+)
 from probtransformer.inference.diagnostics.sampler_checks import sampler_lines, temperature_line
 from probtransformer.inference.vi.guides import AmortizedGuide
 from probtransformer.layers import BayesLinear
@@ -57,7 +62,8 @@ def diagnose(
     bulk/tail ESS (ArviZ; rank-normalised, Vehtari et al. 2021). They are NaN for SVI: its draws
     are independent guide samples, so the ESS equals the number of draws by construction and
     says nothing about the fit, and for MC dropout and deep ensembles, whose draws are dropout
-    passes or independently fitted members, not a Markov chain (the verdict says so). The verdict
+    passes or independently fitted members, not a Markov chain (the verdict says so), and for
+    Laplace posteriors, whose draws are independent Gaussian samples. The verdict
     flags:
 
     - MCMC: max R-hat > 1.01, min bulk/tail ESS < 100 per chain, divergent transitions, E-BFMI
@@ -68,7 +74,12 @@ def diagnose(
       ``guide_checks.SCALE_RATIO_MIN`` of the prior's (a posterior collapsed towards a point,
       ``guide_checks.collapse_line``), and (with ``data``) the PSIS k̂ of the guide as an
       importance proposal above 0.7 (Yao et al. 2018);
-    - both, with ``data``: PSIS-LOO (Vehtari, Gelman & Gabry 2017) with Pareto-k counts.
+    - Laplace (``fit_laplace``, ``fit_mola``; ``laplace_checks.laplace_lines``): a posterior
+      precision with condition number above ``laplace_checks.CONDITION_NUMBER_MAX``, an evidence
+      maximization that did not converge, GLM and sampled-network predictive means further apart
+      than ``laplace_checks.DISAGREEMENT_MAX`` (total variation), and the prior scale per site;
+      its draws are independent Gaussian samples, so R-hat and ESS do not apply;
+    - all, with ``data``: PSIS-LOO (Vehtari, Gelman & Gabry 2017) with Pareto-k counts.
 
     Sampled posteriors of two or more superchains (chains that share a start,
     ``record["superchain"]``; without it each chain is its own superchain, counted from
@@ -131,6 +142,8 @@ def diagnose(
     superchain = _superchains(posterior, chains)
     table = _variable_table(idata.posterior, superchain)
     record = posterior.record
+    if is_laplace(record):  # independent Gaussian draws: R-hat and ESS say nothing (verdict)
+        table[["r_hat_max", "ess_bulk_min", "ess_tail_min"]] = math.nan
     site = posterior.model.likelihood_site
     per_mode = superchain is not None and modes.by_mode(record)
     if per_mode:
@@ -150,7 +163,14 @@ def diagnose(
         + (", PARTIAL: sampling was interrupted" if record.get("partial") else "")
         + "):"
     ]
-    if posterior.mc_dropout or _is_ensemble(posterior):
+    if is_laplace(record):
+        verdict.append(
+            "n/a   R-hat and ESS do not apply: Laplace draws are independent samples of a "
+            "Gaussian around each mode, not a Markov chain"
+        )
+        scales = model_prior_scales(posterior, record.get("subset"))
+        verdict.extend(laplace_lines(record, _flag, scales))
+    elif posterior.mc_dropout or _is_ensemble(posterior):
         verdict.append(
             "n/a   R-hat and ESS do not apply: "
             + (
@@ -272,9 +292,9 @@ def _superchains(posterior, chains: int) -> np.ndarray | None:
 
     Without ``record["superchain"]``, or with one start for every chain (``init="map"``, or
     ``num_starts=1``), each chain is its own superchain, from ``MANY_CHAINS`` chains on (fewer
-    keep the plain R-hat verdict). Ensembles and MC dropout have none.
+    keep the plain R-hat verdict). Ensembles, Laplace posteriors and MC dropout have none.
     """
-    if posterior.samples is None or _is_ensemble(posterior):
+    if posterior.samples is None or _is_ensemble(posterior) or is_laplace(posterior.record):
         return None
     ids = superchain_ids(posterior.record, chains)
     if (ids is None or len(np.unique(ids)) < 2) and chains >= MANY_CHAINS:

@@ -44,7 +44,15 @@ and predictive draws only):
   projections, logit scales, head), whose point-estimate parts (embedding, FFN, LayerNorm) each
   MAP start fits, from the model re-initialised with its own seed, and each chain keeps: a deep
   ensemble's features with the Bayesian parts sampled around every member (eval mode: dropout
-  off while sampling).
+  off while sampling);
+- ``laplace``, ``laplace-attention``, ``mola``: ``fit_laplace`` (MacKay 1992; Daxberger et al.
+  2021; MoLA: Eschenhagen et al. 2021) around the MAP fit (``map``'s settings; last layer with
+  the full GGN, or the attention projections with its diagonal) or around every member of the
+  batched ensemble fitted in the same process (``mola``, last layer), the prior precision per
+  site from the Laplace evidence, predictions from ``Sizes.draws`` draws of the linearized
+  (GLM) predictive; they run after ``map`` and ``ensemble-batched`` (``RUN_ORDER``), reuse
+  their fits, and record the cost against the batched ensemble's fit seconds
+  (``benchmarks.quality_laplace``).
 
 Every other method fits the same ``SequenceClassifier`` (``MODEL``: d_model 32, 4 heads, 1
 layer, d_ff 64, dropout 0.1; latent attention projections, logit scales and output head, the
@@ -82,6 +90,11 @@ transitions, about 30 s)::
 
     python -m benchmarks.run --only quality
 
+The Laplace rows of one data set with their batched ensemble, in one process (3 seeds)::
+
+    python -m benchmarks.run --only quality/digits/ensemble-batched quality/digits/laplace \\
+        quality/digits/laplace-attention quality/digits/mola --force
+
 ChEES and the ensemble alone, measured together (the ensemble first, ``RUN_ORDER``)::
 
     python -m benchmarks.run --only quality/digits/ensemble quality/digits/chees --force
@@ -112,6 +125,7 @@ from benchmarks.quality_fits import (
     optimised_settings,
     pilot_step_seconds,
 )
+from benchmarks.quality_laplace import LAPLACE_METHODS, fit_laplace_row, mode_method
 from benchmarks.studies.task_families import _patch
 from probtransformer import datasets, metrics, priors
 from probtransformer.block import BAYESIAN_PARTS
@@ -122,7 +136,10 @@ from probtransformer.inference import (
 from probtransformer.models import SequenceClassifier
 
 NAME = "quality"
-TITLE = "Uncertainty quality: SVI, NUTS, ChEES and MILE against MAP, MC dropout and deep ensembles"
+TITLE = (
+    "Uncertainty quality: SVI, NUTS, ChEES, MILE and Laplace against MAP, MC dropout and deep "
+    "ensembles"
+)
 BUDGET_S = 300.0
 
 #: The ChEES rows: every part latent, or the model's own latent parts with each chain keeping
@@ -133,13 +150,15 @@ CHEES_METHODS = ("chees", "chees-perchain")
 #: ensemble), or ChEES (``chees-permember``).
 MILE_METHODS = ("mile", "mile-circuits", "chees-permember")
 BAYESIAN = (
-    "svi-meanfield", "svi-lowrank", "svi-stochastic", "nuts", *CHEES_METHODS, *MILE_METHODS
+    "svi-meanfield", "svi-lowrank", "svi-stochastic", "nuts", *CHEES_METHODS, *MILE_METHODS,
+    *LAPLACE_METHODS,
 )  # fmt: skip
 CHEAP = ("map", "mc-dropout", "ensemble", "ensemble-batched")
 METHODS = BAYESIAN + CHEAP
-#: The order rows run in: ChEES and MILE after the ensembles, whose fit seconds set ChEES's
-#: budget and whose members MILE starts from.
-LATER = CHEES_METHODS + MILE_METHODS
+#: The order rows run in: ChEES, MILE and Laplace after MAP and the ensembles, whose fit seconds
+#: set ChEES's budget and the Laplace rows' cost ratio, and whose modes MILE and Laplace start
+#: from.
+LATER = CHEES_METHODS + MILE_METHODS + LAPLACE_METHODS
 RUN_ORDER = tuple(m for m in METHODS if m not in LATER) + LATER
 #: The model of every method but NUTS and ChEES.
 MODEL = dict(d_model=32, num_heads=4, num_layers=1, d_ff=64, dropout=0.1)
@@ -268,6 +287,10 @@ _ENSEMBLE_SECONDS: dict[tuple[str, int, Sizes], float] = {}
 #: ``(dataset, fit seed, sizes): posterior`` of the batched ensembles fitted in this process:
 #: ``mile`` and ``chees-permember`` start from them (without one, ``fit_mile`` fits its own).
 _BATCHED_ENSEMBLES: dict[tuple[str, int, Sizes], Posterior] = {}
+#: ``(method, dataset, fit seed, sizes): (posterior, fit fields, where from)`` of the MAP and
+#: batched-ensemble fits made in this process (``map`` and ``ensemble-batched`` rows, or a
+#: Laplace row that fitted its own): the Laplace rows' modes.
+_MODES: dict[tuple[str, str, int, Sizes], tuple[Posterior, dict, str]] = {}
 
 
 def run_row(key: str, ctx: Context) -> dict:
@@ -297,14 +320,24 @@ def run_row(key: str, ctx: Context) -> dict:
             method, model, train, SETUPS[name], batched if shared else None, sizes, fit_seed,
             ctx, reference_seconds=None if batched is None else batched.record["seconds"],
         )  # fmt: skip
+    elif method in LAPLACE_METHODS:
+        mode_key = (mode_method(method), name, fit_seed, sizes)
+        batched = _MODES.get(("ensemble-batched", name, fit_seed, sizes))
+        post, fit, _MODES[mode_key] = fit_laplace_row(
+            method, model, train, SETUPS[name], _MODES.get(mode_key), sizes, fit_seed, ctx,
+            reference_seconds=None if batched is None else batched[1]["fit_seconds"],
+        )  # fmt: skip
     else:
         post, fit = fit_optimised(method, model, train, SETUPS[name], sizes, fit_seed, ctx)
         if method == "ensemble":
             _ENSEMBLE_SECONDS[name, fit_seed, sizes] = fit["fit_seconds"]
         if method == "ensemble-batched":
             _BATCHED_ENSEMBLES[name, fit_seed, sizes] = post
-    # None: every draw; ChEES: each chain thinned evenly to ceil(draws / K) (all when fewer)
-    every = ("nuts", "ensemble", "ensemble-batched", *MILE_METHODS)
+        if method in ("map", "ensemble-batched"):
+            _MODES[method, name, fit_seed, sizes] = (post, fit, f"the {method} row's, this process")
+    # None: every draw (Laplace: its sizes.draws); ChEES: each chain thinned evenly to
+    # ceil(draws / K) (all when fewer)
+    every = ("nuts", "ensemble", "ensemble-batched", *MILE_METHODS, *LAPLACE_METHODS)
     draws = None if method in every else sizes.draws
     start = time.perf_counter()
     scores = evaluate(post, data.test, data.ood, draws, fit_seed)

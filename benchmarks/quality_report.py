@@ -34,6 +34,12 @@ from benchmarks.quality_fits import (
     MILE_COST_RATIO,
     QUICK,
 )
+from benchmarks.quality_laplace import (
+    LAPLACE_METHODS,
+    MOLA_COST_RATIO,
+    laplace_reading,
+    prior_scale_table,
+)
 
 
 def _groups(rows: dict[str, dict], ctx: Context) -> dict[str, dict[str, list[dict]]]:
@@ -107,6 +113,14 @@ def _setting_line(name: str, methods: dict[str, list[dict]]) -> str:
             f"{c['num_starts']} MAP starts (map_steps {span('map_steps')}), {span('num_warmup')} + "
             f"{span('num_samples')} transitions per chain"
         )
+    for method in LAPLACE_METHODS:
+        if method in methods:
+            s = methods[method][0]["settings"]
+            parts.append(
+                f"{method}: {s['subset']} ({s['hessian']} GGN) around "
+                f"{methods[method][0]['num_members']} {s['mode_method']} mode(s), "
+                f"{s['num_samples']} draws"
+            )
     return "; ".join(parts) + "."
 
 
@@ -170,8 +184,9 @@ def _verdict(groups: dict[str, dict[str, list[dict]]]) -> str | None:
         for side in ahead
     ]
     return (
-        "- **Bayesian vs cheap.** The best Bayesian method (SVI, NUTS, ChEES) against the best "
-        "cheap one (MAP, MC dropout, ensemble) on NLL, ECE, Brier, OOD AUROC by entropy and AURC, "
+        "- **Bayesian vs cheap.** The best Bayesian method (SVI, NUTS, ChEES, MILE, Laplace) "
+        "against the best cheap one (MAP, MC dropout, ensemble) on NLL, ECE, Brier, OOD AUROC "
+        "by entropy and AURC, "
         f"{compared} comparisons (data set x metric; clearly: by more than the larger sd over "
         f"seeds of the two): {'; '.join(parts)}."
     )
@@ -244,6 +259,7 @@ def _reading(groups: dict[str, dict[str, list[dict]]]) -> list[str]:
     lines += [line for m in MILE_METHODS if (line := _mile_reading(groups, m))]
     if goal := _route_goal(groups):
         lines.append(goal)
+    lines += laplace_reading(groups)
     cut = [
         f"{row['dataset']}/{row['method']}/{row['seed']}"
         for methods in groups.values()
@@ -407,7 +423,11 @@ def markdown(rows: dict[str, dict], ctx: Context) -> str:
         "MCLMC chains from the batched ensemble's members, tuned per member with MILE's warm-up, "
         "`chees-permember` ChEES chains, `mile-circuits` MCLMC on the circuit-parameterized "
         "classifier (per-head W_QK, W_OV; its own ensemble); their fit seconds count the "
-        "ensemble's. "
+        "ensemble's. `laplace` (`fit_laplace`, last layer, full GGN) and `laplace-attention` "
+        "(attention projections, diagonal GGN) sit around the MAP fit, `mola` around every "
+        "member of the batched ensemble, each with the prior precision per site chosen by the "
+        "Laplace evidence and the linearized (GLM) predictive; their fit seconds count the "
+        f"MAP's or the ensemble's (MoLA's goal: <= {MOLA_COST_RATIO:g}x the batched ensemble's). "
         "`benchmarks/quality.py` documents the details.",
         "",
     ]
@@ -415,6 +435,8 @@ def markdown(rows: dict[str, dict], ctx: Context) -> str:
         out += [_setting_line(name, methods), "", *_table(methods), ""]
     if groups:
         out += _reading(groups)
+        if scales := prior_scale_table(groups):
+            out += ["", *scales]
     missing: dict[str, list[str]] = {}  # "dataset/method": seeds not measured
     for key in row_keys(ctx):
         if key not in rows:
@@ -433,7 +455,7 @@ def plot(rows: dict[str, dict], ctx: Context) -> list[Path]:
         return []
     fig = Figure(figsize=(4 * len(groups), 3.8), layout="constrained")
     axes = fig.subplots(1, len(groups), squeeze=False)[0]
-    markers = dict(zip(METHODS, "os^D*8pHd<>vP", strict=True))
+    markers = dict(zip(METHODS, "os^D*8pHdXx+<>vP", strict=True))
     for ax, (name, methods) in zip(axes, groups.items(), strict=True):
         for method, group in methods.items():
             ax.errorbar(

@@ -3,7 +3,8 @@ the ensemble (no fits run)."""
 
 import pytest
 
-from benchmarks import quality, quality_fits, quality_report
+from benchmarks import quality, quality_fits, quality_laplace, quality_report
+from benchmarks._suite import Context
 from benchmarks.quality_fits import FULL, QUICK, Sizes, plan_chees
 from probtransformer.block import BAYESIAN_PARTS
 
@@ -144,3 +145,87 @@ def test_the_mile_reading_and_the_routes_goal_against_the_batched_ensemble():
     assert "met on 1 of 3" in goal and "digits mile: met" in goal
     groups["ArrowHead"]["mile"] = better
     assert "met on 2 of 3" in quality_report._route_goal(groups)
+
+
+def test_the_laplace_rows_run_after_the_fits_they_reuse():
+    order = quality.RUN_ORDER
+    for method in quality_laplace.LAPLACE_METHODS:
+        assert method in quality.BAYESIAN
+        assert order.index(method) > order.index(quality_laplace.mode_method(method))
+    assert quality_laplace.mode_method("mola") == "ensemble-batched"
+    assert quality_laplace.mode_method("laplace-attention") == "map"
+    with pytest.raises(ValueError, match="method must be one of"):
+        quality_laplace.mode_method("map")
+
+
+def test_laplace_rows_reuse_the_map_and_the_batched_ensemble_of_the_process(monkeypatch):
+    """At quick sizes: ``laplace`` fits the MAP that ``laplace-attention`` then reuses; ``mola``
+    sits around the ``ensemble-batched`` row's members, its cost counted on top of theirs."""
+    monkeypatch.setattr(quality, "_MODES", {})
+    monkeypatch.setattr(quality, "_BATCHED_ENSEMBLES", {})
+    ctx = Context(quick=True)
+    ensemble = quality.run_row("digits/ensemble-batched/0", ctx)
+    head = quality.run_row("digits/laplace/0", ctx)
+    attention = quality.run_row("digits/laplace-attention/0", ctx)
+    mola = quality.run_row("digits/mola/0", ctx)
+    assert head["mode_basis"] == "fitted by the laplace row, this process"
+    assert attention["mode_basis"] == head["mode_basis"]
+    assert attention["mode_seconds"] == head["mode_seconds"]
+    assert mola["mode_basis"] == "the ensemble-batched row's, this process"
+    assert mola["mode_seconds"] == ensemble["fit_seconds"] == mola["ensemble_seconds"]
+    assert mola["fit_seconds"] == pytest.approx(mola["mode_seconds"] + mola["laplace_seconds"])
+    assert mola["ensemble_ratio"] == pytest.approx(mola["fit_seconds"] / ensemble["fit_seconds"])
+    assert head["ensemble_ratio"] == pytest.approx(head["fit_seconds"] / ensemble["fit_seconds"])
+    assert (head["num_members"], mola["num_members"]) == (1, quality_fits.ENSEMBLE_MEMBERS)
+    assert (
+        set(head["default_prior_scale"])
+        == {"head.weight", "head.bias"}
+        == set(mola["prior_scale"][0])
+    )
+    fan_in = quality.MODEL["d_model"]
+    assert head["default_prior_scale"]["head.weight"] == pytest.approx(3 / fan_in**0.5)
+    assert attention["hessian"] == "diag"
+    assert all(s.endswith("attention.projection") for s in attention["prior_scale"][0])
+    assert len(mola["log_evidence"]) == quality_fits.ENSEMBLE_MEMBERS
+    assert head["glm_nn_disagreement"] < 1e-4  # the network is linear in its last layer
+    assert head["predictive_draws"] == quality_fits.QUICK.draws
+
+
+def laplace_row(method: str, seed: int, nll: float, auroc: float, **extra) -> dict:
+    base = {"dataset": "digits", "method": method, "seed": seed, "nll": nll, "ece": 0.02}
+    laplace = {
+        "ensemble_ratio": 1.5,
+        "evidence_converged": [True, False],
+        "glm_nn_disagreement": 1e-7,
+        "default_prior_scale": {"head.weight": 0.5},
+        "prior_scale": [{"head.weight": 1.0 + seed}, {"head.weight": 2.0 + seed}],
+    }
+    return {**base, "auroc_entropy": auroc, **(laplace if method != "ensemble-batched" else {}),
+            **extra}  # fmt: skip
+
+
+def test_the_mola_reading_applies_the_issues_goal_against_the_batched_ensemble():
+    ensemble = [laplace_row("ensemble-batched", s, 0.100, 0.90 + 0.01 * (s - 1)) for s in range(3)]
+    better = [laplace_row("mola", s, 0.095, 0.895) for s in range(3)]  # AUROC within the sd
+    slow = [laplace_row("mola", s, 0.090, 0.95, ensemble_ratio=2.5) for s in range(3)]
+    loose = [laplace_row("mola", s, 0.090, 0.95, ece=0.03) for s in range(3)]
+    groups = {
+        "digits": {"ensemble-batched": ensemble, "mola": better},
+        "ArrowHead": {"ensemble-batched": ensemble, "mola": slow},
+        "JapaneseVowels": {"ensemble-batched": ensemble, "mola": loose},
+    }
+    goal, summary = quality_laplace.laplace_reading(groups)
+    assert "NLL met on 3 of 3" in goal
+    assert "digits: met (fit 1.50x" in goal
+    assert "ArrowHead: missed: fit up to 2.50x the batched ensemble's seconds" in goal
+    assert "JapaneseVowels: met" in goal  # ECE counts on digits only
+    groups["digits"]["mola"] = loose
+    assert "digits: missed: ECE 0.030 vs 0.020" in quality_laplace.laplace_reading(groups)[0]
+    assert "converged in 9 of 18 fits" in summary and "1.50-2.50x" in summary
+
+
+def test_the_prior_scale_table_averages_over_seeds_and_members():
+    rows = [laplace_row("laplace", s, 0.1, 0.9) for s in range(2)]  # scales 1, 2, 2, 3
+    table = quality_laplace.prior_scale_table({"digits": {"laplace": rows}})
+    assert "| digits | laplace | `head.weight` | 0.500 | 2 (1-3) | 4 | 4 |" in table
+    assert quality_laplace.prior_scale_table({"digits": {"map": rows}}) == []

@@ -174,7 +174,7 @@ def _print_metrics(target: Path, record: dict, task, lines: list[str]) -> None:
         how = f"{record['n_members']} MAP members"
     elif record["inference"] in LAPLACE_BASED:
         members = len(record["log_evidence"])
-        around = "a MAP fit" if record["mode_method"] == "map" else f"{members} MAP members"
+        around = "a MAP fit" if members == 1 else f"{members} MAP members"
         how = (
             f"{record['hessian']} GGN of {len(record['laplace_subset'])} site(s) around "
             f"{around}, prior precision {record['prior_precision']}, {record['predictive']} "

@@ -654,6 +654,30 @@ def test_laplace_fit_writes_a_run_that_loads_back(tmp_path, capsys):
     assert set(post.source.modes) == {"head.weight", "head.bias"}  # saved for the GLM predictive
 
 
+def test_the_laplace_summary_says_which_members_evidence_did_not_converge():
+    """Two MoLA members, the second's evidence maximization stopped short; then a fixed prior."""
+    from probtransformer.cli.fit_summary import _laplace_lines
+
+    record = dict(
+        log_evidence=[-120.04, -131.5],
+        prior_scale=[{"head.weight": 0.5, "head.bias": 1.0}, {"head.weight": 0.25, "head.bias": 2}],
+        model_prior_scale={"head.weight": 0.75, "head.bias": 0.75},
+        evidence_converged=[True, False],
+        prior_precision="marglik",
+    )
+    assert _laplace_lines(record) == [
+        "  log evidence   -120.0, -131.5 nats (per member)",
+        "  prior scale of head.weight: 0.5, 0.25 (the evidence chose); model 0.75",
+        "  prior scale of head.bias: 1, 2 (the evidence chose); model 0.75",
+        "WARN  evidence maximization did not converge (member 2 of 2): its prior scales are the "
+        "last iterate's",
+    ]
+    record |= dict(evidence_converged=[None, None], prior_precision=4.0)
+    lines = _laplace_lines(record)
+    assert lines[1] == "  prior scale of head.weight: 0.5, 0.25 (fixed); model 0.75"
+    assert lines[-1] == "  evidence not maximized: --prior-precision 4.0"
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

@@ -13,9 +13,18 @@ METHODS: dict[str, str] = {
     "mile": "fit_mile",
     "mc-dropout": "fit_mc_dropout",
     "ensemble": "fit_ensemble",
+    "laplace": "fit_laplace",
+    "mola": "fit_mola",
 }
 
 #: The methods that are MAP fits (``fit_svi`` with a point-mass guide) of one or more members.
 MAP_BASED = ("map", "mc-dropout", "ensemble")
 
-__all__ = ["MAP_BASED", "METHODS"]
+#: The Laplace approximations (``inference.laplace``): a Gaussian around each mode of a MAP fit
+#: (``laplace``) or of every member of a deep ensemble (``mola``), which they fit first. Not
+#: in ``MAP_BASED``: their posterior is no MAP fit, and they take settings of their own
+#: (``subset``, ``hessian``, ``prior_precision``, ``predictive``) besides ``fit_map``'s
+#: (``mola``: ``fit_ensemble``'s, ``n_members`` included).
+LAPLACE_BASED = ("laplace", "mola")
+
+__all__ = ["LAPLACE_BASED", "MAP_BASED", "METHODS"]

@@ -153,6 +153,7 @@ def maximize_evidence(
         log_delta.clamp_(low, high)
     value = log_evidence(log_likelihood, offset, blocks, log_delta.exp()[groups])
     (grad,) = torch.autograd.grad(value, log_delta)
+    value = value.detach()  # float() of a tensor that requires grad warns
     free = (log_delta > low) & (log_delta < high)
     gradient = float(grad[free].abs().max()) if free.any() else 0.0
     return Evidence(

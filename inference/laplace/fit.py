@@ -94,9 +94,11 @@ def fit_laplace(
         members' plain parameters (``members``) when the ensemble has them, and each draw's
         mode (``modes``, ``predictive="glm"``). ``record``: ``method`` (``"laplace"``, or
         ``"mola"`` over several members), ``subset`` (site names), ``hessian``,
-        ``prior_precision``, ``predictive``, ``laplace`` (per member: ``log_evidence`` nats,
-        ``prior_precision`` per site, ``prior_scale`` per site, ``evidence_gradient``,
-        ``evidence_converged``, ``condition_number`` of the posterior precision,
+        ``prior_precision``, ``model_prior_scale`` (per site: the model's own prior sd,
+        ``mean precision ** -0.5`` over its scalars, as ``prior_scale`` is), ``predictive``,
+        ``laplace`` (per member: ``log_evidence`` nats, ``prior_precision`` per site,
+        ``prior_scale`` per site, ``evidence_gradient``, ``evidence_converged``,
+        ``condition_number`` of the posterior precision,
         ``log_likelihood``), ``glm_nn_disagreement`` (mean total variation distance between the
         GLM and network predictive means on up to 256 training rows; categorical only),
         ``mode_seconds``, ``laplace_seconds`` and ``seconds``.
@@ -136,6 +138,8 @@ def fit_laplace(
             "or raise max_memory"
         )
     prior_loc, prior_prec = _gaussian_prior(fitted, ensemble, flat)
+    groups = flat.groups()
+    model_scale = {s: float(prior_prec[groups == g].mean()) ** -0.5 for g, s in enumerate(sites)}
     modes, states = _modes(ensemble)
     num_members = len(modes)
     per_member = math.ceil(num_samples / num_members)
@@ -187,6 +191,7 @@ def fit_laplace(
         subset=list(sites),
         hessian=hessian,
         prior_precision=prior_precision,
+        model_prior_scale=model_scale,
         predictive=predictive,
         num_samples=num_samples,
         laplace=summaries,

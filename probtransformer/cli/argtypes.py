@@ -58,6 +58,19 @@ def float_in(
     return parse
 
 
+def prior_precision(text: str) -> str | float:
+    """argparse type of ``--prior-precision``: ``marglik``, ``prior`` or a finite number > 0
+    (a precision, 1/scale^2), as ``fit_laplace``'s ``prior_precision`` takes it."""
+    if text in ("marglik", "prior"):
+        return text
+    try:
+        return float_in(0, math.inf, above=True)(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expected marglik, prior or a number > 0, finite, got {text!r}"
+        ) from None
+
+
 #: argparse type: a probability in [0, 1), such as dropout.
 probability_below_one = float_in(0, 1, below=True)
 #: argparse type: a seed of torch's and numpy's generators, in [0, 2**32).

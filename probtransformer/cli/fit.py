@@ -197,7 +197,7 @@ def _run(
             post = _fit_mcmc(model, splits.train, args, parallel is not None)
         elif args.inference == "mile":
             post = _fit_mile(model, splits.train, args)
-        else:  # svi and the MAP-based fits
+        else:  # svi, the MAP-based fits and the Laplace fits around them
             try:
                 post = _fit_svi(model, splits.train, args, guide, target, parallel is not None)
             except FloatingPointError as e:  # NonFiniteELBOError: keep its last finite state

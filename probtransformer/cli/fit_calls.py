@@ -1,6 +1,7 @@
 """The library calls behind ``probtransformer fit``: the model's options and each inference
-method's fit function (``fit_svi`` or its ``MAP_FITS`` function, ``fit_mcmc``, ``fit_mile``)
-called with the options that were set; unset ones keep the library defaults."""
+method's fit function (``fit_svi`` or its ``MAP_FITS`` or ``LAPLACE_FITS`` function,
+``fit_mcmc``, ``fit_mile``) called with the options that were set; unset ones keep the library
+defaults."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from probtransformer.cli._common import CLIError, given
-from probtransformer.cli.options import MAP_FITS
+from probtransformer.cli.options import LAPLACE_FITS, MAP_FITS
 
 
 def _sibling(target: Path, suffix: str) -> Path:
@@ -51,7 +52,9 @@ def _fit_svi(
     model, train, args: argparse.Namespace, guide: str | None, target: Path, distributed: bool
 ):
     """svi: ``fit_svi``; map, mc-dropout, ensemble: their ``MAP_FITS`` function (fit_svi's
-    settings without ``guide``; ensemble: ``n_members`` too)."""
+    settings without ``guide``; ensemble: ``n_members`` too); laplace, mola: their
+    ``LAPLACE_FITS`` function (the same settings, for the MAP fit or the ensemble, and the
+    Laplace options; ``check_applicable`` refused those the method does not read)."""
     from probtransformer import inference
     from probtransformer.inference.posterior.prediction import dropout_modules
 
@@ -62,6 +65,15 @@ def _fit_svi(
         )
     if args.inference in MAP_FITS:
         fit, specific = getattr(inference, MAP_FITS[args.inference]), dict(n_members=args.n_members)
+    elif args.inference in LAPLACE_FITS:
+        fit = getattr(inference, LAPLACE_FITS[args.inference])
+        specific = dict(
+            n_members=args.n_members,
+            subset=args.laplace_subset,
+            hessian=args.hessian,
+            prior_precision=args.prior_precision,
+            predictive=args.predictive,
+        )
     else:
         fit, specific = (
             inference.fit_svi,

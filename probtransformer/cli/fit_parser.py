@@ -1,6 +1,6 @@
 """The ``fit`` command's parser: its options in their groups (your own data, svi and the MAP
-fits, checkpoints, ensemble, mile, mcmc, model), the bounds they are checked against and the
-names ``--dataset`` and ``--model`` accept. Which options apply to which inference method is
+fits, checkpoints, ensemble, mile, laplace, mcmc, model), the bounds they are checked against
+and the names ``--dataset`` and ``--model`` accept. Which options apply to which inference method is
 checked after parsing (``cli.options.check_applicable``)."""
 
 from __future__ import annotations
@@ -16,16 +16,21 @@ from probtransformer.cli.argtypes import (
     int_in,
     non_negative_int,
     positive_int,
+    prior_precision,
     probability_below_one,
     seed,
 )
 from probtransformer.cli.help import LibraryDefaultsFormatter
 from probtransformer.cli.library_defaults import DATASET_NAMES as DATASET_NAMES_TABLE
 from probtransformer.cli.options import (
+    HESSIANS,
     INFERENCES,
     INITS,
     KERNELS,
+    LAPLACE_SUBSETS,
     LR_SCHEDULES,
+    PREDICTIVES,
+    SVI_METHODS,
 )
 from probtransformer.rundir import (
     ATTENTION_FILE,
@@ -107,7 +112,7 @@ def add_fit_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentPar
         "with 4 chains from 2 MAP starts, about 8 minutes for digits on one CPU thread).",
         formatter_class=functools.partial(
             LibraryDefaultsFormatter,
-            sources=("model", "fit", "predict", "mcmc", "ensemble", "mile"),
+            sources=("model", "fit", "predict", "mcmc", "ensemble", "mile", "laplace"),
             mcmc=True,
         ),
     )
@@ -155,7 +160,10 @@ def add_fit_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentPar
         "0); ensemble: a deep ensemble of MAP fits (fit_ensemble); mile: the ensemble, then "
         "MCLMC (or --kernel chees, adjusted-mclmc) chains around each member, tuned per member "
         "(fit_mile, "
-        "Sommer et al. 2025) (default: %(default)s)",
+        "Sommer et al. 2025); laplace: a MAP fit, then a Gaussian around it with the prior "
+        "precision the evidence chooses (fit_laplace); mola: the ensemble, then one Laplace "
+        "approximation per member, a mixture (fit_mola, Eschenhagen et al. 2021) "
+        "(default: %(default)s)",
     )
     fit.add_argument(
         "--model",
@@ -205,7 +213,7 @@ def add_fit_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentPar
         action="store_false",
         help="hide the progress bar (and the line on threads before it)",
     )
-    svi = fit.add_argument_group("svi, map, mc-dropout, ensemble and mile only")
+    svi = fit.add_argument_group(f"{SVI_METHODS} only")
     svi.add_argument(
         "--guide", choices=("normal", "lowrank", "mvn", "delta"), help="SVI variational family"
     )
@@ -256,7 +264,7 @@ def add_fit_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentPar
         help="continue the fit saved in this checkpoint directory (same dataset, model and "
         "settings) to the numbers an uninterrupted fit gives",
     )
-    ensemble = fit.add_argument_group("ensemble and mile")
+    ensemble = fit.add_argument_group("ensemble, mile and mola")
     ensemble.add_argument(
         "--n-members",
         type=positive_int,
@@ -280,6 +288,7 @@ def add_fit_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentPar
         metavar="N",
         help="mclmc: integrator steps per kept draw",
     )
+    _add_laplace_options(fit)
     mcmc = fit.add_argument_group("mcmc only")
     mcmc.add_argument(
         "--kernel",
@@ -397,3 +406,38 @@ def add_fit_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentPar
         "local_window(W, outside=0.01), strength 1)",
     )
     return fit
+
+
+def _add_laplace_options(fit: argparse.ArgumentParser) -> None:
+    """The options of ``fit_laplace``'s own settings (``--inference laplace`` and ``mola``)."""
+    laplace = fit.add_argument_group(
+        "laplace and mola only",
+        "the Laplace approximation around the MAP fit (laplace) or every ensemble member "
+        "(mola); the mode is fitted with the SVI options (mola: and --n-members)",
+    )
+    laplace.add_argument(
+        "--laplace-subset",
+        choices=LAPLACE_SUBSETS,
+        help="the latents that get the Gaussian: head (the output layer), attention (the "
+        "attention projections) or all (every latent with real support); the rest stay at "
+        "the mode",
+    )
+    laplace.add_argument(
+        "--hessian",
+        choices=HESSIANS,
+        help="the generalized Gauss-Newton curvature: full (refused above 1 GiB) or its "
+        "diagonal (any subset size)",
+    )
+    laplace.add_argument(
+        "--prior-precision",
+        type=prior_precision,
+        metavar="P",
+        help="marglik: one precision per latent site that maximizes the Laplace evidence; "
+        "prior: the model's own prior; or one number > 0 (1/scale^2) for every site",
+    )
+    laplace.add_argument(
+        "--predictive",
+        choices=PREDICTIVES,
+        help="glm: the network linearized around each draw's mode (Immer et al. 2021); nn: "
+        "the network at the drawn weights",
+    )

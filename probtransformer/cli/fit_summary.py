@@ -8,6 +8,7 @@ from typing import Any
 
 from probtransformer.cli._common import PROG
 from probtransformer.cli.library_defaults import KERNEL_DEFAULTS, MANY_CHAIN_KERNELS
+from probtransformer.methods import LAPLACE_BASED
 
 
 def _collapse_line(post, seed: int) -> str | None:
@@ -31,6 +32,8 @@ def _collapse_line(post, seed: int) -> str | None:
 def _fit_settings(post) -> dict[str, Any]:
     """What metrics.json records of the fit itself, from the posterior's record."""
     record = post.record
+    if record["method"] in LAPLACE_BASED:
+        return _laplace_settings(record)
     if record["method"] == "mc-dropout":
         return dict(guide=record["guide"], num_steps=record["num_steps"], dropout=record["dropout"])
     if record["method"] == "ensemble":
@@ -93,6 +96,68 @@ def _fit_settings(post) -> dict[str, Any]:
     )
 
 
+def _laplace_settings(record: dict) -> dict[str, Any]:
+    """What metrics.json records of a ``fit_laplace``/``fit_mola`` fit: the mode's fit, the
+    Laplace settings, and per member (``record["laplace"]``) the log evidence (nats), the prior
+    scale per latent site the evidence chose (beside ``model_prior_scale``, the model's own)
+    and whether maximizing the evidence converged (None: the prior precision was fixed)."""
+    members = record["laplace"]
+    settings = dict(
+        guide=record["guide"],
+        num_steps=record["num_steps"],
+        mode_method=record["mode_method"],
+        laplace_subset=record["subset"],
+        hessian=record["hessian"],
+        prior_precision=record["prior_precision"],
+        predictive=record["predictive"],
+        laplace_draws=record["num_samples"],
+        log_evidence=[member["log_evidence"] for member in members],
+        prior_scale=[member["prior_scale"] for member in members],
+        model_prior_scale=record["model_prior_scale"],
+        evidence_converged=[member["evidence_converged"] for member in members],
+        condition_number=[member["condition_number"] for member in members],
+        glm_nn_disagreement=record["glm_nn_disagreement"],
+        mode_seconds=record["mode_seconds"],
+        laplace_seconds=record["laplace_seconds"],
+    )
+    if record["mode_method"] == "ensemble":
+        settings.update(
+            n_members=record["n_members"],
+            member_seeds=[member["seed"] for member in record["members"]],
+        )
+    return settings
+
+
+def _laplace_lines(record: dict) -> list[str]:
+    """The lines ``fit`` prints of a Laplace fit: the log evidence per member, the prior scale
+    the evidence chose per latent site (per member) beside the model's, and whether the
+    evidence maximization converged."""
+    evidence = ", ".join(f"{value:.1f}" for value in record["log_evidence"])
+    lines = [f"  {'log evidence':<15}{evidence} nats" + _per_member(record)]
+    chosen = "the evidence chose" if record["prior_precision"] == "marglik" else "fixed"
+    for site, model_scale in record["model_prior_scale"].items():
+        scales = ", ".join(f"{member[site]:.3g}" for member in record["prior_scale"])
+        lines.append(f"  prior scale of {site}: {scales} ({chosen}); model {model_scale:.3g}")
+    converged = record["evidence_converged"]
+    if record["prior_precision"] != "marglik":
+        lines.append(f"  evidence not maximized: --prior-precision {record['prior_precision']}")
+    elif all(converged):
+        lines.append(
+            "  evidence maximization converged" + " for every member" * (len(converged) > 1)
+        )
+    else:
+        failed = ", ".join(str(k + 1) for k, ok in enumerate(converged) if not ok)
+        lines.append(
+            f"WARN  evidence maximization did not converge (member {failed} of "
+            f"{len(converged)}): its prior scales are the last iterate's"
+        )
+    return lines
+
+
+def _per_member(record: dict) -> str:
+    return " (per member)" if len(record["log_evidence"]) > 1 else ""
+
+
 def _print_metrics(target: Path, record: dict, task, lines: list[str]) -> None:
     """The summary line, the task's ``printed_metrics``, its extra ``lines`` and where the run
     went."""
@@ -107,6 +172,14 @@ def _print_metrics(target: Path, record: dict, task, lines: list[str]) -> None:
             how += f", {record['num_starts']} {record['init']} start(s)"
     elif record["inference"] == "ensemble":
         how = f"{record['n_members']} MAP members"
+    elif record["inference"] in LAPLACE_BASED:
+        members = len(record["log_evidence"])
+        around = "a MAP fit" if members == 1 else f"{members} MAP members"
+        how = (
+            f"{record['hessian']} GGN of {len(record['laplace_subset'])} site(s) around "
+            f"{around}, prior precision {record['prior_precision']}, {record['predictive']} "
+            "predictive"
+        )
     elif record["inference"] == "mc-dropout":
         how = f"MAP, dropout {', '.join(map(str, record['dropout']))} kept on"
     else:
@@ -130,6 +203,9 @@ def _print_metrics(target: Path, record: dict, task, lines: list[str]) -> None:
         print(f"  {key:<{width}}{record[key]:.4f}{unit}")
     for line in lines:
         print(line)
+    if record["inference"] in LAPLACE_BASED:
+        for line in _laplace_lines(record):
+            print(line)
     if record["inference"] in ("mcmc", "mile"):
         divergences = record["divergences"]
         total = record["chains_kept"] * record["draws_per_chain"]

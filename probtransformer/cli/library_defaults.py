@@ -66,6 +66,15 @@ DEFAULTS: dict[str, dict[str, str]] = {
         "progress": "True",
     },
     "ensemble": {"n_members": "5", "seed": "0", "progress": "True"},
+    "laplace": {
+        "subset": "head",
+        "hessian": "full",
+        "prior_precision": "marglik",
+        "predictive": "glm",
+        "num_samples": "100",
+        "seed": "0",
+        "progress": "True",
+    },
     "predict": {"num_samples": "100", "seed": "0", "batch_size": "256"},
     "diagnose": {"data": "None", "num_samples": "None", "seed": "0"},
     "generate": {
@@ -172,6 +181,13 @@ KERNEL_DEFAULTS: dict[str, dict[str, str]] = {
 MANY_CHAIN_KERNELS: tuple[str, ...] = ("chees", "mclmc", "adjusted-mclmc")
 #: ``inference.mcmc.registry.STARTS``: the choices of ``--init``.
 START_NAMES: tuple[str, ...] = ("prior", "map", "ensemble")
+#: ``inference.laplace.fit``'s ``SUBSETS``, ``HESSIANS`` and ``PREDICTIVES``: the choices of
+#: ``--laplace-subset``, ``--hessian`` and ``--predictive``.
+LAPLACE_CHOICES: dict[str, tuple[str, ...]] = {
+    "subset": ("head", "attention", "all"),
+    "hessian": ("full", "diag"),
+    "predictive": ("glm", "nn"),
+}
 # END generated
 
 
@@ -217,10 +233,11 @@ def _option_names() -> set[str]:
 def read_library() -> dict[str, Any]:
     """The tables of this module, read from the library (imports torch): ``{"DEFAULTS": ...,
     "TASK_MODEL_DEFAULTS": ..., "DATASET_NAMES": ..., "BAYESIAN_PARTS": ..., "KERNEL_DEFAULTS":
-    ..., "MANY_CHAIN_KERNELS": ..., "START_NAMES": ...}``."""
+    ..., "MANY_CHAIN_KERNELS": ..., "START_NAMES": ..., "LAPLACE_CHOICES": ...}``."""
     from probtransformer import datasets
     from probtransformer.block import BAYESIAN_PARTS as parts
     from probtransformer.cli.options import library_functions
+    from probtransformer.inference.laplace import fit as laplace
     from probtransformer.inference.mcmc import registry
     from probtransformer.tasks import TASKS
 
@@ -239,6 +256,11 @@ def read_library() -> dict[str, Any]:
         "KERNEL_DEFAULTS": {name: _kernel_defaults(cls) for name, cls in registry.KERNELS.items()},
         "MANY_CHAIN_KERNELS": registry.MANY_CHAIN_KERNELS,
         "START_NAMES": tuple(registry.STARTS),
+        "LAPLACE_CHOICES": {
+            "subset": tuple(laplace.SUBSETS),
+            "hessian": tuple(laplace.HESSIANS),
+            "predictive": tuple(laplace.PREDICTIVES),
+        },
     }
 
 

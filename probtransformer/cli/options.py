@@ -9,15 +9,23 @@ from collections.abc import Callable
 from typing import Any
 
 from probtransformer.cli._common import CLIError
-from probtransformer.cli.library_defaults import KERNEL_DEFAULTS, MANY_CHAIN_KERNELS, START_NAMES
-from probtransformer.methods import MAP_BASED, METHODS
+from probtransformer.cli.library_defaults import (
+    KERNEL_DEFAULTS,
+    LAPLACE_CHOICES,
+    MANY_CHAIN_KERNELS,
+    START_NAMES,
+)
+from probtransformer.methods import LAPLACE_BASED, MAP_BASED, METHODS
 
 INFERENCES = tuple(METHODS)
-#: None: the guide is --guide's (or fit_svi's); the baselines (and MILE's ensemble) are MAP
-#: fits (AutoDelta)
+#: None: the guide is --guide's (or fit_svi's); the baselines (and the ensembles of MILE and
+#: MoLA, and the mode of laplace) are MAP fits (AutoDelta)
 INFERENCE_GUIDES = {
-    "svi": None, "map": "delta", "mc-dropout": "delta", "ensemble": "delta", "mile": "delta"
+    "svi": None, "map": "delta", "mc-dropout": "delta", "ensemble": "delta", "mile": "delta",
+    "laplace": "delta", "mola": "delta",
 }  # fmt: skip
+#: The methods that read the SVI options (every one but mcmc), as error messages name them.
+SVI_METHODS = "svi, map, mc-dropout, ensemble, mile, laplace and mola"
 #: fit_svi settings: every inference method but mcmc
 SVI_OPTIONS = ("guide", "num_steps", "batch_size", "lr", "lr_decay", "lr_warmup", "lr_schedule")
 #: ``fit_svi``'s learning-rate schedules (``inference.vi.schedule.LR_SCHEDULES``; named here so
@@ -25,7 +33,16 @@ SVI_OPTIONS = ("guide", "num_steps", "batch_size", "lr", "lr_decay", "lr_warmup"
 LR_SCHEDULES = ("exponential", "cosine")
 CHECKPOINT_OPTIONS = ("checkpoint_every", "checkpoint_dir", "resume_from")  # svi and map only
 GUIDE_OPTIONS = ("init_scale",)  # the guide's settings: svi only (MAP's AutoDelta has none)
-ENSEMBLE_OPTIONS = ("n_members",)  # fit_ensemble settings: ensemble and mile
+ENSEMBLE_OPTIONS = ("n_members",)  # fit_ensemble settings: ensemble, mile and mola
+#: The methods that fit an ensemble of MAP members and read ``ENSEMBLE_OPTIONS``.
+ENSEMBLE_METHODS = ("ensemble", "mile", "mola")
+#: fit_laplace's own settings: laplace and mola only (``--laplace-subset`` sets ``subset``)
+LAPLACE_OPTIONS = ("laplace_subset", "hessian", "prior_precision", "predictive")
+#: The choices of ``--laplace-subset``, ``--hessian`` and ``--predictive``
+#: (``inference.laplace.fit``'s, through the generated ``library_defaults``: no torch).
+LAPLACE_SUBSETS = LAPLACE_CHOICES["subset"]
+HESSIANS = LAPLACE_CHOICES["hessian"]
+PREDICTIVES = LAPLACE_CHOICES["predictive"]
 #: fit_mile's own settings: mile only
 MILE_OPTIONS = ("chains_per_member", "thinning")
 #: The MCMC options that --inference mile takes too (for the sampling around each member)
@@ -35,6 +52,8 @@ MILE_MCMC_OPTIONS = ("kernel", "num_warmup", "num_draws", "compile", "temperatur
 DISTRIBUTED_INFERENCE = ("svi", "map", "mc-dropout")
 #: The MAP-based fits of ``probtransformer.inference.ensembles.baselines``, by --inference.
 MAP_FITS = {name: METHODS[name] for name in MAP_BASED}
+#: The Laplace fits of ``probtransformer.inference.laplace``, by --inference.
+LAPLACE_FITS = {name: METHODS[name] for name in LAPLACE_BASED}
 #: ``fit_mcmc``'s kernels (``inference.mcmc.registry.KERNELS``, through the generated
 #: ``library_defaults`` so that ``--help`` imports no torch).
 KERNELS = tuple(KERNEL_DEFAULTS)
@@ -69,7 +88,7 @@ KERNEL_OPTIONS = {
     },
 }
 #: CLI options named differently from the library parameter they set: (source, parameter).
-LIBRARY_NAMES = {"num_draws": ("mcmc", "num_samples")}
+LIBRARY_NAMES = {"num_draws": ("mcmc", "num_samples"), "laplace_subset": ("laplace", "subset")}
 #: How unset options that are not library parameters read in --help.
 UNSET_HELP = {
     "num_train": "all",
@@ -217,7 +236,7 @@ def check_applicable(args: argparse.Namespace, task, tasks: dict) -> None:
         )
     if args.inference == "mcmc":
         options = [_flag(d) for d in SVI_OPTIONS if getattr(args, d) is not None]
-        applies_to = "--inference svi, map, mc-dropout, ensemble and mile"
+        applies_to = f"--inference {SVI_METHODS}"
     else:
         taken = MILE_MCMC_OPTIONS if args.inference == "mile" else ()
         options = [
@@ -230,12 +249,15 @@ def check_applicable(args: argparse.Namespace, task, tasks: dict) -> None:
     if not options and args.inference != "svi":
         options = [_flag(d) for d in GUIDE_OPTIONS if getattr(args, d) is not None]
         applies_to = "--inference svi"
-    if not options and args.inference not in ("ensemble", "mile"):
+    if not options and args.inference not in ENSEMBLE_METHODS:
         options = [_flag(d) for d in ENSEMBLE_OPTIONS if getattr(args, d) is not None]
-        applies_to = "--inference ensemble and mile"
+        applies_to = "--inference ensemble, mile and mola"
     if not options and args.inference != "mile":
         options = [_flag(d) for d in MILE_OPTIONS if getattr(args, d) is not None]
         applies_to = "--inference mile"
+    if not options and args.inference not in LAPLACE_BASED:
+        options = [_flag(d) for d in LAPLACE_OPTIONS if getattr(args, d) is not None]
+        applies_to = "--inference laplace and mola"
     if options:
         verb = "applies" if len(options) == 1 else "apply"
         raise CLIError(f"{', '.join(options)} {verb} to {applies_to}, not {args.inference}")
@@ -338,7 +360,14 @@ def check_schedule_options(args: argparse.Namespace) -> None:
 
 def library_functions() -> dict[str, Callable[..., Any]]:
     """The library callables whose defaults unset options take (imported on demand)."""
-    from probtransformer.inference import Posterior, fit_ensemble, fit_mcmc, fit_mile, fit_svi
+    from probtransformer.inference import (
+        Posterior,
+        fit_ensemble,
+        fit_laplace,
+        fit_mcmc,
+        fit_mile,
+        fit_svi,
+    )
     from probtransformer.models import SequenceClassifier, generate
 
     return {
@@ -347,6 +376,7 @@ def library_functions() -> dict[str, Callable[..., Any]]:
         "mcmc": fit_mcmc,
         "mile": fit_mile,
         "ensemble": fit_ensemble,
+        "laplace": fit_laplace,
         "predict": Posterior.predict,
         "diagnose": Posterior.diagnose,
         "generate": generate,

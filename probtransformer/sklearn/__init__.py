@@ -4,8 +4,9 @@
 (a ``SequenceRegressor``) follow scikit-learn's estimator API: hyperparameters in ``__init__``,
 ``fit(X, y)``, ``predict``, ``predict_proba``, ``score``, ``get_params``/``set_params``, so they
 work in ``Pipeline``, ``GridSearchCV`` and ``cross_val_score``. The fit is the library's own
-(``inference.fit_svi``, ``fit_map``, ``fit_mc_dropout``, ``fit_ensemble`` or ``fit_mcmc``) and
-``posterior_`` keeps the ``Posterior`` it returns, for attention, diagnostics and saving.
+(``inference.fit_svi``, ``fit_map``, ``fit_mc_dropout``, ``fit_ensemble``, ``fit_mcmc``,
+``fit_laplace`` or ``fit_mola``) and ``posterior_`` keeps the ``Posterior`` it returns, for
+attention, diagnostics and saving.
 
 Inputs: ``X`` of shape ``(N, T, F)``, ``N`` sequences of ``T`` steps of ``F`` float features,
 or 2-D ``(N, P)``, ``N`` flattened sequences read step by step: ``T = P`` steps of one feature,

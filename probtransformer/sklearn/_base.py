@@ -14,7 +14,7 @@ from sklearn.base import BaseEstimator
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_array, check_is_fitted
 
-from probtransformer.methods import METHODS
+from probtransformer.methods import LAPLACE_BASED, METHODS
 
 try:
     from sklearn.utils.validation import validate_data
@@ -60,10 +60,19 @@ _MCMC_SETTINGS = {
     "num_draws": "num_samples",
     "num_steps": "map_steps",
 }
+#: Settings of ``fit_laplace`` (and ``fit_mola``): estimator parameter -> their argument.
+_LAPLACE_SETTINGS = {
+    "laplace_subset": "subset",
+    "hessian": "hessian",
+    "prior_precision": "prior_precision",
+    "predictive": "predictive",
+}
 DOCSTRING_PARAMETERS = """
         inference: ``"svi"`` (mean-field variational inference, ``fit_svi``), ``"map"``
             (``fit_map``), ``"mc-dropout"`` (``fit_mc_dropout``), ``"ensemble"`` (a deep
-            ensemble of MAP fits, ``fit_ensemble``) or ``"mcmc"`` (``fit_mcmc``).
+            ensemble of MAP fits, ``fit_ensemble``), ``"mcmc"`` (``fit_mcmc``), ``"laplace"``
+            (a Laplace approximation around a MAP fit, ``fit_laplace``) or ``"mola"`` (one
+            around every member of a deep ensemble, ``fit_mola``).
         d_model: model width (a multiple of ``num_heads``).
         num_heads: attention heads per layer.
         num_layers: Transformer blocks.
@@ -74,11 +83,18 @@ DOCSTRING_PARAMETERS = """
             the MAP steps of the point-estimate parameters (``map_steps``).
         batch_size: sequences per optimisation step (capped at ``N``).
         lr: initial Adam learning rate.
-        n_members: ensemble members (``"ensemble"`` only).
+        n_members: ensemble members (``"ensemble"`` and ``"mola"``).
         kernel, num_chains, num_warmup, num_draws: ``fit_mcmc``'s ``kernel``, ``num_chains``,
             ``num_warmup`` and ``num_samples`` (kept draws per chain; ``"mcmc"`` only).
+        laplace_subset, hessian, prior_precision, predictive: ``fit_laplace``'s ``subset``
+            (``"head"``, ``"attention"``, ``"all"`` or a list of latent site names),
+            ``hessian`` (``"full"`` or ``"diag"``), ``prior_precision`` (``"marglik"``,
+            ``"prior"`` or a number > 0) and ``predictive`` (``"glm"`` or ``"nn"``;
+            ``"laplace"`` and ``"mola"`` only). The mode is fitted with ``num_steps``,
+            ``batch_size`` and ``lr``.
         num_samples: posterior draws per prediction, None for every draw (point estimates use
-            one; ensembles and sampled posteriors at most those they hold).
+            one; ensembles and sampled posteriors at most those they hold); with ``"laplace"``
+            and ``"mola"`` also the draws the fit keeps (None: ``fit_laplace``'s 100).
         step_features: features per step ``F`` of a 2-D ``X`` ``(N, T * F)``; None reads a 2-D
             ``X`` as ``T = P`` steps of one feature. Ignored for 3-D ``X``.
         model_options: more keyword arguments of the model (``bayesian``, ``weight_prior``,
@@ -139,6 +155,10 @@ class BayesianTransformer(BaseEstimator):
         num_chains: int = 4,
         num_warmup: int = 50,
         num_draws: int = 25,
+        laplace_subset: str | list[str] = "head",
+        hessian: str = "full",
+        prior_precision: str | float = "marglik",
+        predictive: str = "glm",
         num_samples: int = 100,
         step_features: int | None = None,
         model_options: dict | None = None,
@@ -161,6 +181,10 @@ class BayesianTransformer(BaseEstimator):
         self.num_chains = num_chains
         self.num_warmup = num_warmup
         self.num_draws = num_draws
+        self.laplace_subset = laplace_subset
+        self.hessian = hessian
+        self.prior_precision = prior_precision
+        self.predictive = predictive
         self.num_samples = num_samples
         self.step_features = step_features
         self.model_options = model_options
@@ -268,8 +292,12 @@ class BayesianTransformer(BaseEstimator):
             settings |= {arg: getattr(self, name) for name, arg in _MCMC_SETTINGS.items()}
         else:
             settings |= {name: getattr(self, name) for name in _SVI_SETTINGS}
-        if method == "ensemble":
+        if method in ("ensemble", "mola"):
             settings["n_members"] = self.n_members
+        if method in LAPLACE_BASED:
+            settings |= {arg: getattr(self, name) for name, arg in _LAPLACE_SETTINGS.items()}
+            if self.num_samples is not None:
+                settings["num_samples"] = self.num_samples
         if method == "svi":
             settings["init_scale"] = SVI_INIT_SCALE
         settings |= self.fit_options or {}

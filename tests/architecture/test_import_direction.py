@@ -220,8 +220,9 @@ def test_the_methods_table_names_public_fit_functions():
     """``probtransformer.methods`` names each method's fit function without importing torch;
     every name must be a public function of ``probtransformer.inference``."""
     import probtransformer.inference as inference
-    from probtransformer.methods import MAP_BASED, METHODS
+    from probtransformer.methods import LAPLACE_BASED, MAP_BASED, METHODS
 
     for name, function in METHODS.items():
         assert function in inference.__all__ and callable(getattr(inference, function)), name
-    assert set(MAP_BASED) <= set(METHODS)
+    assert set(MAP_BASED) <= set(METHODS) and set(LAPLACE_BASED) <= set(METHODS)
+    assert not set(MAP_BASED) & set(LAPLACE_BASED)

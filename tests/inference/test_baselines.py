@@ -292,7 +292,10 @@ def test_cli_mc_dropout(tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--n-members", "2"], "--n-members applies to --inference ensemble and mile, not svi"),
+        (
+            ["--n-members", "2"],
+            "--n-members applies to --inference ensemble, mile and mola, not svi",
+        ),
         (["--inference", "map", "--n-members", "2"], "--n-members applies to --inference ensemble"),
         (["--inference", "ensemble", "--n-members", "0"], "integer >= 1"),
         (["--inference", "ensemble", "--guide", "normal"], "fits guide 'delta'"),

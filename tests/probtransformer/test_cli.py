@@ -46,6 +46,8 @@ TINY = [
     "--num-samples", "10", "--no-progress",
 ]  # fmt: skip
 NUM_SAMPLES = 10
+#: The methods that read the SVI options, as the errors of the others name them.
+SVI_METHODS = "svi, map, mc-dropout, ensemble, mile, laplace and mola"
 RUN_FILES = {"metrics.json", "inference_data.nc", "posterior", "attention.png", "reliability.png"}
 RUN_FILES |= {"diagnostics.json"}  # written by fit since the restructure (issue 14)
 METRIC_KEYS = {"accuracy", "nll", "ece", "brier", "mean_epistemic", "num_train", "num_test"}
@@ -619,6 +621,149 @@ def test_mile_options_are_checked(
     assert _listing(tmp_path) == set()
 
 
+def test_laplace_fit_writes_a_run_that_loads_back(tmp_path, capsys):
+    """A MAP fit of 16 rows, then the full-GGN Laplace approximation of the head with the prior
+    precision the evidence chooses: the summary names the evidence, the scale it chose per
+    site beside the model's prior, and whether its maximization converged."""
+    out = tmp_path / "laplace"
+    args = ["--inference", "laplace", "--num-train", "16", "--prior-precision", "marglik"]
+    assert main(["fit", "--out", str(out), *TINY, *args]) == 0
+    printed = capsys.readouterr().out
+    how = "laplace (full GGN of 2 site(s) around a MAP fit, prior precision marglik, glm"
+    assert how in printed
+    record = json.loads((out / "metrics.json").read_text())
+    assert (record["inference"], record["mode_method"], record["hessian"]) == (
+        "laplace", "map", "full",
+    )  # fmt: skip
+    assert record["laplace_subset"] == ["head.weight", "head.bias"]
+    assert record["model_prior_scale"] == pytest.approx({"head.weight": 0.75, "head.bias": 0.75})
+    (evidence,), (chosen,) = record["log_evidence"], record["prior_scale"]
+    assert np.isfinite(evidence) and set(chosen) == {"head.weight", "head.bias"}
+    assert f"log evidence   {evidence:.1f} nats" in printed
+    for site in ("head.weight", "head.bias"):
+        assert f"prior scale of {site}: {chosen[site]:.3g} (the evidence chose); model 0.75" in (
+            printed
+        )
+    converged = "evidence maximization converged" if record["evidence_converged"] == [True] else (
+        "WARN  evidence maximization did not converge (member 1 of 1)"
+    )  # fmt: skip
+    assert converged in printed
+    post = load_posterior(out / "posterior")
+    assert post.record["method"] == "laplace" and post.record["predictive"] == "glm"
+    assert post.samples["head.weight"].shape == (1, 100, C, 16)  # fit_laplace's 100 draws
+    assert set(post.source.modes) == {"head.weight", "head.bias"}  # saved for the GLM predictive
+
+
+def test_the_laplace_summary_says_which_members_evidence_did_not_converge():
+    """Two MoLA members, the second's evidence maximization stopped short; then a fixed prior."""
+    from probtransformer.cli.fit_summary import _laplace_lines
+
+    record = dict(
+        log_evidence=[-120.04, -131.5],
+        prior_scale=[{"head.weight": 0.5, "head.bias": 1.0}, {"head.weight": 0.25, "head.bias": 2}],
+        model_prior_scale={"head.weight": 0.75, "head.bias": 0.75},
+        evidence_converged=[True, False],
+        prior_precision="marglik",
+    )
+    assert _laplace_lines(record) == [
+        "  log evidence   -120.0, -131.5 nats (per member)",
+        "  prior scale of head.weight: 0.5, 0.25 (the evidence chose); model 0.75",
+        "  prior scale of head.bias: 1, 2 (the evidence chose); model 0.75",
+        "WARN  evidence maximization did not converge (member 2 of 2): its prior scales are the "
+        "last iterate's",
+    ]
+    record |= dict(evidence_converged=[None, None], prior_precision=4.0)
+    lines = _laplace_lines(record)
+    assert lines[1] == "  prior scale of head.weight: 0.5, 0.25 (fixed); model 0.75"
+    assert lines[-1] == "  evidence not maximized: --prior-precision 4.0"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--hessian", "kfac"], "--hessian: invalid choice: 'kfac' (choose from *full*, *diag*)"),
+        (["--predictive", "mc"], "--predictive: invalid choice: 'mc' (choose from *glm*, *nn*)"),
+        (
+            ["--laplace-subset", "ffn"],
+            "--laplace-subset: invalid choice: 'ffn' (choose from *head*, *attention*, *all*)",
+        ),
+        (
+            ["--prior-precision", "0"],
+            "--prior-precision: expected marglik, prior or a number > 0, finite, got '0'",
+        ),
+        (
+            ["--prior-precision", "evidence"],
+            "--prior-precision: expected marglik, prior or a number > 0, finite, got 'evidence'",
+        ),
+    ],
+)
+def test_bad_laplace_option_values_name_the_expected_ones(
+    args, message, tmp_path, monkeypatch, capsys, one_error_line
+):
+    """``*`` stands for the quotes some Python versions put around argparse's choices."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["fit", *TINY, "--inference", "laplace", *args]) == 2
+    pattern = re.escape(message).replace(r"\*", "'?")
+    assert re.search(pattern, one_error_line(capsys))
+    assert _listing(tmp_path) == set()
+
+
+@pytest.mark.parametrize(
+    "inference, args, message",
+    [
+        (
+            "map",
+            ["--hessian", "diag"],
+            "--hessian applies to --inference laplace and mola, not map",
+        ),
+        (
+            "ensemble",
+            ["--laplace-subset", "all", "--prior-precision", "prior"],
+            "--laplace-subset, --prior-precision apply to --inference laplace and mola, not "
+            "ensemble",
+        ),
+        ("svi", ["--predictive", "nn"], "--predictive applies to --inference laplace and mola"),
+        (
+            "laplace",
+            ["--n-members", "3"],
+            "--n-members applies to --inference ensemble, mile and mola, not laplace",
+        ),
+        ("mola", ["--num-chains", "2"], "--num-chains applies to --inference mcmc, not mola"),
+        ("laplace", ["--guide", "normal"], "--inference laplace fits guide 'delta'"),
+        (
+            "mola",
+            ["--checkpoint-every", "5"],
+            "--checkpoint-every applies to --inference svi and map, not mola",
+        ),
+    ],
+)
+def test_laplace_options_are_refused_by_the_methods_that_do_not_read_them(
+    inference, args, message, tmp_path, monkeypatch, capsys, one_error_line
+):
+    monkeypatch.chdir(tmp_path)
+    assert main(["fit", *TINY, "--inference", inference, *args]) == 2
+    assert message in one_error_line(capsys)
+    assert _listing(tmp_path) == set()
+
+
+def test_fit_help_lists_laplace_and_mola_with_their_defaults(capsys):
+    assert main(["fit", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--inference {svi,map,mcmc,mile,mc-dropout,ensemble,laplace,mola}" in text
+    assert "laplace: a MAP fit, then a Gaussian around it" in text
+    assert "mola: the ensemble, then one Laplace approximation per member" in text
+    fit = inspect.signature(probtransformer.inference.fit_laplace).parameters
+    for option, name in (
+        ("--laplace-subset {head,attention,all}", "subset"),
+        ("--hessian {full,diag}", "hessian"),
+        ("--prior-precision P", "prior_precision"),
+        ("--predictive {glm,nn}", "predictive"),
+    ):
+        start = text.index(f"{option} ", text.index("laplace and mola only:"))
+        shown = text[start : text.index(")", text.index("(default:", start)) + 1]
+        assert shown.endswith(f"(default: {fit[name].default})"), shown
+
+
 def _interrupt_after(monkeypatch, calls: int) -> None:
     """Make the NUTS kernel raise KeyboardInterrupt (as Ctrl-C does) on its ``calls``-th step."""
     sample = RecordingNUTS.sample
@@ -849,16 +994,16 @@ def test_mcmc_interrupted_before_a_draw_writes_nothing(
     [
         (
             ["--lr", "0.1"],
-            "--lr applies to --inference svi, map, mc-dropout, ensemble and mile, not mcmc",
+            f"--lr applies to --inference {SVI_METHODS}, not mcmc",
         ),
         (
             ["--lr-decay", "1"],
-            "--lr-decay applies to --inference svi, map, mc-dropout, ensemble and mile, not mcmc",
+            f"--lr-decay applies to --inference {SVI_METHODS}, not mcmc",
         ),
         (["--num-steps", "5", "--batch-size", "8"], "--num-steps, --batch-size apply to"),
         (
             ["--guide", "normal"],
-            "--guide applies to --inference svi, map, mc-dropout, ensemble and mile, not mcmc",
+            f"--guide applies to --inference {SVI_METHODS}, not mcmc",
         ),
         (["--kernel", "hmc", "--max-tree-depth", "4"], "--max-tree-depth applies to --kernel nuts"),
         (
@@ -989,7 +1134,7 @@ def test_predict_csv_without_header(run, splits, tmp_path):
         (
             ["--inference", "mcmc"],
             {},
-            "--num-steps applies to --inference svi, map, mc-dropout, ensemble and mile, not mcmc",
+            f"--num-steps applies to --inference {SVI_METHODS}, not mcmc",
         ),
         (["--guide", "flow"], {}, "--guide"),
         (["--num-steps", "0"], {}, "integer >= 1"),

@@ -305,6 +305,46 @@ def test_map_based_inference(inference, tiny_fit):
     assert draws == {"map": 1, "mc-dropout": TINY["num_samples"], "ensemble": 3}[inference]
 
 
+@pytest.mark.parametrize(
+    "inference, settings",
+    [
+        ("laplace", {}),
+        ("mola", dict(n_members=2, hessian="diag", prior_precision=1.0, predictive="nn")),
+    ],
+)
+def test_laplace_inference(inference, settings, tiny_fit):
+    """The Laplace approximation around a MAP fit (``fit_laplace``) or every member of a deep
+    ensemble (``fit_mola``): its settings reach the fit, which keeps ``num_samples`` draws."""
+    _, x, y = tiny_fit
+    clf = BayesianTransformerClassifier(inference=inference, **settings, **TINY).fit(x, y)
+    record = clf.posterior_.record
+    assert record["method"] == inference
+    expected = dict(hessian="full", prior_precision="marglik", predictive="glm") | {
+        key: value for key, value in settings.items() if key != "n_members"
+    }
+    assert {key: record[key] for key in expected} == expected
+    assert record["subset"] == ["head.weight", "head.bias"]  # laplace_subset="head"
+    assert len(record["laplace"]) == settings.get("n_members", 1)
+    members = settings.get("n_members", 1)
+    assert clf.posterior_.samples["head.weight"].shape[:2] == (
+        members, -(-TINY["num_samples"] // members),
+    )  # fmt: skip
+    proba = clf.predict_proba(x)
+    assert proba.shape == (20, 2) and np.allclose(proba.sum(1), 1)
+    assert clf.predict_uncertainty(x).epistemic.mean() > 0
+    assert set(clf.predict(x)) <= {0, 1}
+
+
+def test_laplace_settings_are_refused_by_fit_laplace(tiny_fit):
+    _, x, y = tiny_fit
+    clf = BayesianTransformerClassifier(inference="laplace", hessian="kfac", **TINY)
+    with pytest.raises(ValueError, match=r"hessian must be one of \('full', 'diag'\), got"):
+        clf.fit(x, y)
+    reg = BayesianTransformerRegressor(inference="laplace", laplace_subset="ffn", **TINY)
+    with pytest.raises(ValueError, match=r"subset must be one of \('head', 'attention', 'all'\)"):
+        reg.fit(x, y.astype(float))
+
+
 def test_fit_options_reach_the_fit(tiny_fit):
     _, x, y = tiny_fit
     clf = BayesianTransformerClassifier(fit_options={"guide": "lowrank"}, **TINY).fit(x, y)

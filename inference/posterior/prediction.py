@@ -104,11 +104,10 @@ class PredictionEngine:
         flat = _flatten_chains(draws.latents)
         states = None if draws.states is None else _flatten_chains(draws.states)
         modes = None if draws.modes is None else _flatten_chains(draws.modes)
-        if draws.dropout or states is not None:
+        if draws.dropout:
             # A vectorized pass would reuse one dropout mask for all draws wherever a tensor
-            # has no draw dim yet, and it cannot give each draw its own parameters: draw s runs
-            # alone, with dropout on (MC dropout) and parameters states[name][s] (ensembles);
-            # the model's dropout mode and parameters are restored afterwards, also on errors.
+            # has no draw dim yet: draw s runs alone, with dropout on (MC dropout); the model's
+            # dropout mode is restored afterwards, also on errors.
             step = 1
         passes = []
         with (
@@ -116,13 +115,11 @@ class PredictionEngine:
             _dropout_active(self.model, draws.dropout),
             _parameters_kept(self.model, states),
         ):
-            for s in range(0, num, step):
+            for start, stop in _passes(num, step, states):
                 if states is not None:
-                    _set_parameters(self.model, {k: v[s] for k, v in states.items()})
-                some = {k: v[s : s + step] for k, v in flat.items()}
-                linearized = (
-                    None if modes is None else {k: v[s : s + step] for k, v in modes.items()}
-                )
+                    _set_parameters(self.model, {k: v[start] for k, v in states.items()})
+                some = {k: v[start:stop] for k, v in flat.items()}
+                linearized = None if modes is None else {k: v[start:stop] for k, v in modes.items()}
                 passes.append(self._run_vectorized(some, x, y, mask, read, batch_size, linearized))
         out = {key: torch.cat([p[key] for p in passes]) for key in passes[0]}
         return {k: v.reshape(draws.chains, draws.per_chain, *v.shape[1:]) for k, v in out.items()}
@@ -382,6 +379,19 @@ def _categorical(fn) -> torch.distributions.Categorical | None:
         if fn is None:
             return None
     return fn
+
+
+def _passes(num: int, step: int, states: dict | None) -> list[tuple[int, int]]:
+    """``(start, stop)`` of the vectorized passes over ``num`` draws: at most ``step`` each,
+    and, with per-draw parameters ``states`` (ensembles, MoLA), only draws that share them: a
+    pass cannot give each draw its own parameters. Draw ``s`` then runs with ``states[.][s]``,
+    the model's parameters restored afterwards (``_parameters_kept``)."""
+    cuts = [0]
+    for s in range(1, num):
+        same = states is not None and all(torch.equal(v[s], v[s - 1]) for v in states.values())
+        if s - cuts[-1] >= step or (states is not None and not same):
+            cuts.append(s)
+    return list(zip(cuts, [*cuts[1:], num], strict=True))
 
 
 def _flatten_chains(draws: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

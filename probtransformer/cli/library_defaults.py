@@ -185,7 +185,7 @@ START_NAMES: tuple[str, ...] = ("prior", "map", "ensemble")
 #: ``--laplace-subset``, ``--hessian`` and ``--predictive``.
 LAPLACE_CHOICES: dict[str, tuple[str, ...]] = {
     "subset": ("head", "attention", "all"),
-    "hessian": ("full", "diag"),
+    "hessian": ("full", "kron", "diag"),
     "predictive": ("glm", "nn"),
 }
 # END generated

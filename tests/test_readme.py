@@ -26,6 +26,8 @@ CAPS = {
     "fit_ensemble": {"num_steps": 10, "n_members": 2},
     "fit_mcmc": {"num_warmup": 5, "num_samples": 5, "map_steps": 10},
     "fit_mile": {"num_warmup": 30, "num_samples": 3, "thinning": 2, "chains_per_member": 1},
+    "fit_laplace": {"num_samples": 10},
+    "fit_mola": {"num_steps": 10, "n_members": 2, "num_samples": 10},
 }
 #: Rows kept of each split by the wrapped ``load``.
 ROWS = {"train": 120, "val": 40, "test": 40}

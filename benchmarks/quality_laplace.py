@@ -36,7 +36,6 @@ from benchmarks._suite import Context, fmt
 from benchmarks.quality_fits import Setup, Sizes, fit_optimised
 from probtransformer.datasets import SequenceData
 from probtransformer.inference import Posterior, fit_laplace
-from probtransformer.inference.laplace.fit import _normal, _priors
 
 #: Row method: ``fit_laplace``'s subset and curvature.
 LAPLACE = {
@@ -55,18 +54,6 @@ def mode_method(method: str) -> str:
     if method not in LAPLACE:
         raise ValueError(f"method must be one of {LAPLACE_METHODS}, got {method!r}")
     return "ensemble-batched" if method == "mola" else "map"
-
-
-def default_prior_scales(post: Posterior, sites: list[str]) -> dict[str, float | None]:
-    """The model's own prior scale of each site of ``sites`` (mean over the site's scalars; the
-    built-in layers' ``N(0, 3/sqrt(fan_in))`` is one number per site), from one trace of
-    ``post.model`` on its example rows; None for a site whose prior is not Normal."""
-    priors = _priors(post.model, post)
-    scales = {}
-    for site in sites:
-        normal = _normal(priors[site])
-        scales[site] = None if normal is None else float(normal.scale.detach().mean())
-    return scales
 
 
 def fit_laplace_row(
@@ -136,7 +123,7 @@ def fit_laplace_row(
             "hessian": record["hessian"],
             "prior_scale": [m["prior_scale"] for m in members],
             "prior_precision": [m["prior_precision"] for m in members],
-            "default_prior_scale": default_prior_scales(post, record["subset"]),
+            "default_prior_scale": record["model_prior_scale"],
             "log_evidence": [m["log_evidence"] for m in members],
             "evidence_converged": [m["evidence_converged"] for m in members],
             "condition_number": [m["condition_number"] for m in members],

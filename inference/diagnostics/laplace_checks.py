@@ -37,26 +37,6 @@ def is_laplace(record: dict) -> bool:
     return record.get("method") in LAPLACE_METHODS
 
 
-def model_prior_scales(posterior, sites) -> dict[str, float]:
-    """The scale ``mean(1/sigma^2)^-1/2`` of the model's own Normal prior on each of ``sites``
-    that has one (the fixed ``N(0, 3/sqrt(fan_in))`` of the built-in layers), the convention of
-    ``record["laplace"][k]["prior_scale"]`` for ``prior_precision="prior"``, from one trace of
-    ``posterior.model`` on its example row. Sites that are not latents of the model, or have
-    no Normal prior, are left out; ``sites`` not a list gives ``{}``."""
-    # fit imports Posterior, whose module imports diagnose: imported when called
-    from probtransformer.inference.laplace.fit import _normal, _priors
-
-    if not isinstance(sites, list):
-        return {}
-    priors = _priors(posterior.model, posterior)
-    scales = {}
-    for site in sites:
-        normal = _normal(priors[site]) if site in priors else None
-        if normal is not None:
-            scales[site] = float(normal.scale.detach().double().pow(-2).mean()) ** -0.5
-    return scales
-
-
 def laplace_lines(
     record: dict, flag: Callable[[bool, str], str], model_scales: dict[str, float] | None = None
 ) -> list[str]:
@@ -77,8 +57,8 @@ def laplace_lines(
     Args:
         record: the posterior's record; ``record["laplace"]`` a list of one dict per member.
         flag: ``flag(bad, text)`` marks a line ``WARN`` or ``ok``.
-        model_scales: ``{site: scale}`` of the model's own prior (``model_prior_scales``), or
-            None.
+        model_scales: ``{site: scale}`` of the model's own prior
+            (``record["model_prior_scale"]``), or None.
 
     Returns:
         The lines; a single ``WARN`` line when ``record["laplace"]`` is missing or not a list
@@ -215,5 +195,4 @@ __all__ = [
     "LAPLACE_METHODS",
     "is_laplace",
     "laplace_lines",
-    "model_prior_scales",
 ]

@@ -26,7 +26,6 @@ from probtransformer.inference.diagnostics.inference_data import superchain_ids,
 from probtransformer.inference.diagnostics.laplace_checks import (
     is_laplace,
     laplace_lines,
-    model_prior_scales,
 )
 from probtransformer.inference.diagnostics.sampler_checks import sampler_lines, temperature_line
 from probtransformer.inference.vi.guides import AmortizedGuide
@@ -168,8 +167,7 @@ def diagnose(
             "n/a   R-hat and ESS do not apply: Laplace draws are independent samples of a "
             "Gaussian around each mode, not a Markov chain"
         )
-        scales = model_prior_scales(posterior, record.get("subset"))
-        verdict.extend(laplace_lines(record, _flag, scales))
+        verdict.extend(laplace_lines(record, _flag, record.get("model_prior_scale")))
     elif posterior.mc_dropout or _is_ensemble(posterior):
         verdict.append(
             "n/a   R-hat and ESS do not apply: "

@@ -10,7 +10,6 @@ from probtransformer.inference.diagnostics.laplace_checks import (
     CONDITION_NUMBER_MAX,
     DISAGREEMENT_MAX,
     laplace_lines,
-    model_prior_scales,
 )
 from probtransformer.inference.diagnostics.summary import _flag
 from probtransformer.models import SequenceClassifier
@@ -167,15 +166,13 @@ def test_diagnose_flags_a_damaged_laplace_record(laplace_posterior, monkeypatch)
 
 
 def test_the_model_prior_scale_is_what_prior_precision_prior_records(digits):
-    """``prior_precision="prior"`` records the model's own prior; ``model_prior_scales`` reads
-    the same numbers from the model, so the two conventions agree."""
+    """``prior_precision="prior"`` uses the model's own prior: the scales it records are the
+    ``model_prior_scale`` beside which the verdict prints the evidence's."""
     model = SequenceClassifier(8, 10, 8, **TINY)
     posterior = fit_laplace(
         model, digits.train[:32], prior_precision="prior", num_steps=2, num_samples=4,
         progress=False,
     )  # fmt: skip
     recorded = posterior.record["laplace"][0]["prior_scale"]
-    scales = model_prior_scales(posterior, posterior.record["subset"])
-    assert scales == pytest.approx(recorded, rel=1e-6)
-    assert model_prior_scales(posterior, ["no.such.site"]) == {}
-    assert model_prior_scales(posterior, None) == {}
+    assert posterior.record["model_prior_scale"] == pytest.approx(recorded, rel=1e-6)
+    assert posterior.record["model_prior_scale"]["head.weight"] == pytest.approx(3 / 8**0.5)

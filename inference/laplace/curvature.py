@@ -176,7 +176,7 @@ def ggn(
                 root = p.sqrt() * (jac - (p * jac).sum(1, keepdim=True))
             else:
                 root = weight.reshape(-1, 1, 1).double().sqrt() * jac
-            sums.add((root * m).reshape(-1, d))
+            sums.add((root * m).reshape(-1, d).cpu())  # the blocks live on the CPU, in float64
             if start == 0:  # size the next chunks from the first row's outputs
                 outputs_per_row = k * jac.shape[0]
                 backward = outputs_per_row * activation_bytes(model, xs)  # per row, all outputs

@@ -3,6 +3,7 @@ member of a deep ensemble, with the prior precision the evidence chooses."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
@@ -429,15 +430,11 @@ def _disagreement(posterior: Posterior, train: SequenceData, modes: dict, seed: 
     """Mean total variation distance between the GLM and network predictive means on the first
     ``DISAGREEMENT_ROWS`` training rows (categorical likelihoods; None otherwise)."""
     rows = train[: min(len(train), DISAGREEMENT_ROWS)]
-    source = posterior.source
-    linearized = source.modes
-    try:
-        source.modes = modes
-        glm = posterior.predict(rows.x, rows.mask, seed=seed)
-        source.modes = None
-        network = posterior.predict(rows.x, rows.mask, seed=seed)
-    finally:
-        source.modes = linearized
+    draws = posterior.draw(seed=seed)  # every draw
+    glm, network = (
+        posterior.predict(rows.x, rows.mask, seed=seed, draws=dataclasses.replace(draws, modes=m))
+        for m in (modes, None)
+    )
     if not hasattr(glm, "probs"):
         return None
     return float(0.5 * (glm.mean - network.mean).abs().sum(-1).mean())

@@ -39,21 +39,28 @@ def natural_output(fn) -> Output:
     Raises:
         ValueError: a likelihood other than Categorical, Normal or Student-t.
     """
-    mask = torch.ones((), dtype=torch.bool)
+    masks = []
     inner = fn
     while isinstance(inner, (torch.distributions.Independent, dist.MaskedDistribution)):
         if isinstance(inner, dist.MaskedDistribution):
-            mask = mask & inner._mask
+            masks.append(inner._mask)  # a bool tensor, or a Python bool
         inner = inner.base_dist
+
+    def counted(f: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+        out = torch.ones(shape, dtype=f.dtype, device=f.device)
+        for mask in masks:
+            out = out * torch.as_tensor(mask, device=f.device).to(f.dtype)
+        return out
+
     if isinstance(inner, torch.distributions.Categorical):
         f = inner.logits
-        return Output(f, "categorical", None, mask.expand(f.shape[:-1]).to(f.dtype))
+        return Output(f, "categorical", None, counted(f, f.shape[:-1]))
     if isinstance(inner, (torch.distributions.Normal, torch.distributions.StudentT)):
         f = inner.loc
         weight = inner.scale.pow(-2).expand(f.shape)
         if isinstance(inner, torch.distributions.StudentT):
             weight = weight * (inner.df + 1) / (inner.df + 3)
-        return Output(f[..., None], "location", weight[..., None], mask.expand(f.shape).to(f.dtype))
+        return Output(f[..., None], "location", weight[..., None], counted(f, f.shape))
     raise ValueError(
         f"the Laplace approximation's GGN needs a Categorical, Normal or Student-t likelihood, "
         f"got {type(inner).__name__}"

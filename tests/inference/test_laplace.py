@@ -1,6 +1,7 @@
 """``fit_laplace``/``fit_mola`` against known answers: the conjugate linear regression's analytic
 posterior and evidence, a GGN built from ``torch.func`` references, MoLA of one member."""
 
+import pyro
 import pytest
 import torch
 
@@ -11,6 +12,7 @@ from probtransformer.inference.inputs import example_of
 from probtransformer.inference.laplace.blocks import KronBlock
 from probtransformer.inference.laplace.curvature import Subset, ggn
 from probtransformer.inference.laplace.evidence import GRADIENT_TOLERANCE
+from probtransformer.inference.posterior.linearized import with_output
 from probtransformer.models import BayesianLinearRegression, SequenceClassifier
 
 FIT = dict(num_steps=60, batch_size=48, lr=1e-2, progress=False)
@@ -294,3 +296,18 @@ def test_an_ensemble_of_another_method_is_refused(train, small_posterior):
 def test_a_likelihood_without_a_ggn_is_refused():
     with pytest.raises(ValueError, match="Categorical, Normal or Student-t"):
         curvature.natural_output(torch.distributions.Poisson(torch.ones(3)))
+
+
+def test_masked_positions_add_no_curvature_and_wrappers_survive_linearization():
+    logits = torch.randn(2, 3, 4)
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    fn = pyro.distributions.Categorical(logits=logits).mask(mask).to_event(1)
+    out = curvature.natural_output(fn)
+    assert out.kind == "categorical" and torch.equal(out.mask, mask.float())
+    shifted = with_output(fn, logits + 1.0)  # the same likelihood: softmax is shift-invariant
+    y = torch.zeros(2, 3, dtype=torch.long)
+    assert shifted.event_shape == fn.event_shape
+    assert torch.allclose(shifted.log_prob(y), fn.log_prob(y))
+    normal = pyro.distributions.StudentT(5.0, torch.zeros(3), 2.0).to_event(1)
+    fisher = curvature.natural_output(normal).weight[..., 0]
+    assert torch.allclose(fisher, torch.full((3,), 6 / (8 * 4.0)))  # (nu+1)/((nu+3) sigma^2)

@@ -455,7 +455,7 @@ def plot(rows: dict[str, dict], ctx: Context) -> list[Path]:
         return []
     fig = Figure(figsize=(4 * len(groups), 3.8), layout="constrained")
     axes = fig.subplots(1, len(groups), squeeze=False)[0]
-    markers = dict(zip(METHODS, "os^D*8pHdXx+<>vP", strict=True))
+    markers = dict(zip(METHODS, "os^D*8pHdXx+<>vP1", strict=True))
     for ax, (name, methods) in zip(axes, groups.items(), strict=True):
         for method, group in methods.items():
             ax.errorbar(

@@ -16,10 +16,10 @@ def passes(monkeypatch):
     seen = []
     run = PredictionEngine._run_vectorized
 
-    def recording(self, flat_draws, x, *args):
+    def recording(self, flat_draws, x, y, mask, read, batch_size, *rest):
         num = next(iter(flat_draws.values())).shape[0] if flat_draws else 1
-        seen.append((num, min(x.shape[0], args[-1])))
-        return run(self, flat_draws, x, *args)
+        seen.append((num, min(x.shape[0], batch_size)))
+        return run(self, flat_draws, x, y, mask, read, batch_size, *rest)
 
     monkeypatch.setattr(PredictionEngine, "_run_vectorized", recording)
     return seen

@@ -13,11 +13,12 @@ from pyro import poutine
 from probtransformer.data import SequenceData
 from probtransformer.inference._runtime import pyro_scope
 from probtransformer.inference.ensembles.baselines import _MAP_SIGNATURE, fit_ensemble, fit_map
-from probtransformer.inference.inputs import check_model, check_training_data
+from probtransformer.inference.inputs import check_model, check_training_data, example_of
 from probtransformer.inference.laplace.curvature import Subset, ggn, memory_bytes
 from probtransformer.inference.laplace.evidence import Gaussian, log_evidence, maximize_evidence
+from probtransformer.inference.model_checks import latent_sites
 from probtransformer.inference.posterior.posterior import Posterior
-from probtransformer.inference.posterior.prediction import _set_parameters
+from probtransformer.inference.posterior.prediction import _set_parameters, model_device
 from probtransformer.validation import check_int, described
 
 SUBSETS = ("head", "attention", "all")
@@ -114,8 +115,14 @@ def fit_laplace(
             another method or of another model class; an unsupported likelihood.
     """
     _check_settings(hessian, prior_precision, predictive, num_samples, max_memory)
+    check_int("seed", seed, minimum=None, type_error=True)
     check_model(model)
     check_training_data(model, data)
+    if ensemble is not None:
+        _check_ensemble(ensemble, model, kwargs)
+    # the subset and the memory it needs are known from the model: checked before any fit
+    _check_memory(_subset_sites(model, example_of(data).to(model_device(model)), subset),
+                  hessian, num_samples, max_memory)  # fmt: skip
     start = time.perf_counter()
     if ensemble is None:
         try:
@@ -123,22 +130,13 @@ def fit_laplace(
         except TypeError as e:
             raise TypeError(f"fit_laplace(): {e}") from None
         ensemble = fit_map(model, data, seed=seed, progress=progress, **kwargs)
-    else:
-        _check_ensemble(ensemble, model, kwargs)
     mode_seconds = ensemble.record.get("seconds", time.perf_counter() - start)
     start = time.perf_counter()
     fitted = ensemble.model
-    sites = _subset_sites(fitted, ensemble, subset)
+    rows = ensemble.example.to(ensemble.device)
+    sites = _subset_sites(fitted, rows, subset)
     flat = Subset(sites)
-    needed = memory_bytes(flat, hessian)
-    if needed > max_memory:
-        better = {"full": "hessian='kron' or 'diag'", "kron": "hessian='diag'"}.get(hessian)
-        raise ValueError(
-            f"a {hessian} GGN over {flat.dim} latent scalars takes {needed:,} bytes, above "
-            f"max_memory={max_memory:,}: use {better + ', ' if better else ''}a smaller subset, "
-            "or raise max_memory"
-        )
-    prior_loc, prior_prec = _gaussian_prior(fitted, ensemble, flat)
+    prior_loc, prior_prec = _gaussian_prior(fitted, rows, flat)
     groups = flat.groups()
     model_scale = {s: float(prior_prec[groups == g].mean()) ** -0.5 for g, s in enumerate(sites)}
     modes, states = _modes(ensemble)
@@ -147,28 +145,40 @@ def fit_laplace(
     generator = torch.Generator().manual_seed(seed)
     train = data.to(ensemble.device)
     draws, summaries = [], []
-    for k, mode in enumerate(modes):
-        if states is not None:
-            _set_parameters(fitted, {name: value[k] for name, value in states.items()})
-        curvature = ggn(fitted, flat, mode, train.x, train.y, train.mask, structure=hessian)
-        mean = flat.flatten(mode).double().cpu()
-        gaussian, evidence = _prior_precision(
-            prior_precision, curvature, mean, mean - prior_loc, prior_prec, flat
-        )
-        summaries.append(
-            dict(
-                log_evidence=evidence["log_evidence"],
-                prior_precision=dict(zip(sites, evidence["precision"], strict=True)),
-                prior_scale={s: p**-0.5 for s, p in zip(sites, evidence["precision"], strict=True)},
-                evidence_gradient=evidence.get("gradient"),
-                evidence_converged=evidence.get("converged"),
-                condition_number=gaussian.condition_number(),
-                log_likelihood=curvature.log_likelihood,
+    try:
+        for k, mode in enumerate(modes):
+            if states is not None:
+                _set_parameters(fitted, {name: value[k] for name, value in states.items()})
+            curvature = ggn(fitted, flat, mode, train.x, train.y, train.mask, structure=hessian)
+            mean = flat.flatten(mode).double().cpu()
+            try:
+                gaussian, evidence = _prior_precision(
+                    prior_precision, curvature, mean, mean - prior_loc, prior_prec, flat
+                )
+                condition_number = gaussian.condition_number()
+                draws.append(gaussian.sample(per_member, generator).float())
+            except torch.linalg.LinAlgError as e:
+                raise ValueError(
+                    f"the posterior precision of member {k} is not positive definite in float64 "
+                    f"(prior_precision={prior_precision!r}): the prior precision is too small for "
+                    "the GGN's round-off; use a larger one, or 'marglik'"
+                ) from e
+            summaries.append(
+                dict(
+                    log_evidence=evidence["log_evidence"],
+                    prior_precision=dict(zip(sites, evidence["precision"], strict=True)),
+                    prior_scale={
+                        s: p**-0.5 for s, p in zip(sites, evidence["precision"], strict=True)
+                    },
+                    evidence_gradient=evidence.get("gradient"),
+                    evidence_converged=evidence.get("converged"),
+                    condition_number=condition_number,
+                    log_likelihood=curvature.log_likelihood,
+                )
             )
-        )
-        draws.append(gaussian.sample(per_member, generator).float())
-    if states is not None:  # the posterior's model holds member 0's parameters
-        _set_parameters(fitted, {name: value[0] for name, value in states.items()})
+    finally:  # the model holds member 0's parameters, as an ensemble's between calls
+        if states is not None:
+            _set_parameters(fitted, {name: value[0] for name, value in states.items()})
     theta = torch.stack(draws)  # (M, S, d)
     device = ensemble.device
     subset_samples = {k: v.to(device) for k, v in flat.unflatten(theta).items()}
@@ -276,6 +286,25 @@ def _check_settings(hessian, prior_precision, predictive, num_samples, max_memor
     check_int("max_memory", max_memory)
 
 
+def _check_memory(sites: dict, hessian: str, num_samples: int, max_memory: int) -> None:
+    """Refuse a GGN (``curvature.memory_bytes``) or draws (``8 * num_samples * d`` bytes of
+    float64) above ``max_memory`` bytes, naming both."""
+    flat = Subset(sites)
+    needed = memory_bytes(flat, hessian)
+    if needed > max_memory:
+        better = {"full": "hessian='kron' or 'diag'", "kron": "hessian='diag'"}.get(hessian)
+        raise ValueError(
+            f"a {hessian} GGN over {flat.dim} latent scalars takes {needed:,} bytes, above "
+            f"max_memory={max_memory:,}: use {better + ', ' if better else ''}a smaller subset, "
+            "or raise max_memory"
+        )
+    if 8 * num_samples * flat.dim > max_memory:
+        raise ValueError(
+            f"{num_samples:,} draws of {flat.dim} latent scalars take "
+            f"{8 * num_samples * flat.dim:,} bytes, above max_memory={max_memory:,}: draw fewer"
+        )
+
+
 def _check_ensemble(ensemble, model, kwargs) -> None:
     if not isinstance(ensemble, Posterior):
         raise TypeError(
@@ -292,17 +321,17 @@ def _check_ensemble(ensemble, model, kwargs) -> None:
             f"ensemble must come from fit_ensemble or fit_map (its modes are the Laplace "
             f"approximation's centres), got a posterior of method {method!r}"
         )
-    if type(ensemble.model) is not type(model):
+    if type(ensemble.model) is not type(model) or ensemble.model.config != model.config:
         raise ValueError(
-            f"ensemble was fitted on a {type(ensemble.model).__name__}, not on the "
-            f"{type(model).__name__} given"
+            f"ensemble was fitted on a {type(ensemble.model).__name__} with config "
+            f"{ensemble.model.config}, not on the {type(model).__name__} given (config "
+            f"{model.config}): pass the model the ensemble was fitted with"
         )
 
 
-def _subset_sites(model, posterior: Posterior, subset) -> dict[str, torch.Size]:
+def _subset_sites(model, rows: SequenceData, subset) -> dict[str, torch.Size]:
     """``{site: shape}`` of the subset, in the model's site order."""
-    shapes = posterior.latent_shapes
-    priors = _priors(model, posterior)
+    shapes, priors = _priors(model, rows)
     real = [name for name in shapes if _is_real(priors[name])]
     if isinstance(subset, str):
         if subset not in SUBSETS:
@@ -349,12 +378,13 @@ def _subset_sites(model, posterior: Posterior, subset) -> dict[str, torch.Size]:
     return {name: shapes[name] for name in chosen}
 
 
-def _priors(model, posterior: Posterior) -> dict:
-    """``{site: prior distribution}`` of the global latents, from one trace of the model."""
+def _priors(model, rows: SequenceData) -> tuple[dict[str, torch.Size], dict]:
+    """``({site: shape}, {site: prior distribution})`` of the model's global latents, from
+    traces of ``model`` on ``rows`` (on its device)."""
+    shapes, _ = latent_sites(model, rows)
     with pyro_scope(), torch.no_grad(), poutine.block():
-        rows = posterior.example.to(posterior.device)
         trace = poutine.trace(model).get_trace(rows.x, rows.y, rows.mask)
-    return {name: trace.nodes[name]["fn"] for name in posterior.latent_shapes}
+    return shapes, {name: trace.nodes[name]["fn"] for name in shapes}
 
 
 def _is_real(fn) -> bool:
@@ -376,9 +406,9 @@ def _attention_prefixes(model) -> tuple[str, ...]:
     return tuple(f"{name}." for name, module in model.named_modules() if id(module) in ids)
 
 
-def _gaussian_prior(model, posterior: Posterior, flat: Subset) -> tuple[torch.Tensor, torch.Tensor]:
+def _gaussian_prior(model, rows: SequenceData, flat: Subset) -> tuple[torch.Tensor, torch.Tensor]:
     """``(d,)`` prior mean and precision of the subset under the model's own Normal priors."""
-    priors = _priors(model, posterior)
+    _, priors = _priors(model, rows)
     locs, precisions = {}, {}
     for name, shape in flat.sites.items():
         normal = _normal(priors[name])

@@ -139,8 +139,8 @@ class PredictionEngine:
         Local latents in ``flat_draws`` (``(S, N, *per_row)``, ``x`` being the training data)
         condition each batch on its rows. Each output of ``read`` has dims ``(S, n, ...)``;
         batches are joined along ``n`` on CPU. ``modes`` (``{site: (S, *shape)}``): the
-        likelihood is taken at the network linearized around them (``linearize``); the rest of
-        the trace (attention) is the network's at the draws.
+        likelihood is taken at the network linearized around them (``linearized_output``); the
+        rest of the trace (attention) is the network's at the draws.
         """
         num = next(iter(flat_draws.values())).shape[0] if flat_draws else 1
         local = {k: v for k, v in flat_draws.items() if k in self.local_sites}
@@ -157,9 +157,17 @@ class PredictionEngine:
                     None if mask is None else mask[rows],
                 )
                 rows_condition = {**condition, **{k: v[:, rows] for k, v in local.items()}}
-                trace = self.trace(rows_condition, num, args, first_row=start)
+                linearized = None
                 if modes is not None:
-                    self.linearize(trace, rows_condition, modes, num, args)
+                    if start == 0:  # mirrors the plain parameters into the param store, which
+                        self.trace(rows_condition, num, args)  # jvp cannot do itself
+                    linearized = self.linearized_output(rows_condition, modes, num, args)
+                # the pass at the draws after the linearized one: what the modules keep of a
+                # pass (attention weights) is the network's at the draws
+                trace = self.trace(rows_condition, num, args, first_row=start)
+                if linearized is not None:
+                    node = trace.nodes[self.model.likelihood_site]
+                    node["fn"] = with_output(node["fn"], linearized)
                 for key, value in read(trace).items():
                     pieces.setdefault(key, []).append(value.cpu())
         return {
@@ -211,17 +219,17 @@ class PredictionEngine:
         check_draw_batch_shape(site, trace.nodes[site]["fn"], num, args[0].shape[0])
         return trace
 
-    def linearize(
+    def linearized_output(
         self,
-        trace: poutine.Trace,
         condition: dict[str, torch.Tensor],
         modes: dict[str, torch.Tensor],
         num: int,
         args: tuple,
-    ) -> None:
-        """Replace the likelihood in ``trace`` by the one at the network linearized in the
-        sites of ``modes`` (``{site: (num, *shape)}``) around them: ``f(modes) + J (draws -
-        modes)``, one forward-mode pass (``torch.func.jvp``) for all ``num`` draws."""
+    ) -> torch.Tensor:
+        """The likelihood's natural output (``linearized.natural_output``) of the network
+        linearized in the sites of ``modes`` (``{site: (num, *shape)}``) around them:
+        ``f(modes) + J (draws - modes)``, one forward-mode pass (``torch.func.jvp``) for all
+        ``num`` draws."""
         site = self.model.likelihood_site
         primals = {k: v.reshape(num, 1, *v.shape[1:]) for k, v in modes.items()}
         tangents = {k: condition[k] - v for k, v in primals.items()}
@@ -232,8 +240,7 @@ class PredictionEngine:
             ).f
 
         f, df = torch.func.jvp(output, (primals,), (tangents,))
-        node = trace.nodes[site]
-        node["fn"] = with_output(node["fn"], f + df)
+        return f + df
 
 
 # -- readers: what a pass returns -------------------------------------------------------------

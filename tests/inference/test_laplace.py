@@ -311,3 +311,40 @@ def test_masked_positions_add_no_curvature_and_wrappers_survive_linearization():
     normal = pyro.distributions.StudentT(5.0, torch.zeros(3), 2.0).to_event(1)
     fisher = curvature.natural_output(normal).weight[..., 0]
     assert torch.allclose(fisher, torch.full((3,), 6 / (8 * 4.0)))  # (nu+1)/((nu+3) sigma^2)
+
+
+def test_settings_the_model_decides_are_refused_before_any_fit(train, monkeypatch):
+    def no_fit(*args, **kwargs):
+        raise AssertionError("fit_map ran before the settings were checked")
+
+    monkeypatch.setattr("probtransformer.inference.laplace.fit.fit_map", no_fit)
+    with pytest.raises(ValueError, match="not latent sites"):
+        fit_laplace(small_model(), train, subset=["nope"], **FIT)
+    with pytest.raises(ValueError, match="above max_memory"):
+        fit_laplace(small_model(), train, subset="all", max_memory=1000, **FIT)
+    with pytest.raises(ValueError, match="draw fewer"):
+        fit_laplace(small_model(), train, num_samples=10**9, **FIT)
+    with pytest.raises(TypeError, match="seed"):
+        fit_laplace(small_model(), train, seed="a", **FIT)
+
+
+def test_an_ensemble_of_another_configuration_is_refused(mapped, train):
+    other = SequenceClassifier(8, 10, 8, d_model=8, num_heads=2, num_layers=1, d_ff=8)
+    with pytest.raises(ValueError, match="pass the model the ensemble was fitted with"):
+        fit_laplace(other, train, ensemble=mapped)
+
+
+def test_a_prior_precision_too_small_for_float64_is_a_value_error(mapped, train):
+    with pytest.raises(ValueError, match="not positive definite"):
+        fit_laplace(small_model(), train, ensemble=mapped, prior_precision=1e-300)
+
+
+def test_glm_attention_comes_from_the_weight_draws(mapped, train, digits):
+    x = digits.test.x[:4]
+    glm = fit_laplace(small_model(), train, ensemble=mapped, subset="attention", num_samples=8)
+    network = fit_laplace(
+        small_model(), train, ensemble=mapped, subset="attention", num_samples=8, predictive="nn"
+    )
+    spread = glm.attention(x).samples.std(1).max()
+    assert spread > 1e-3  # not the mode's attention in every draw
+    assert torch.allclose(glm.attention(x).samples, network.attention(x).samples)

@@ -59,15 +59,6 @@ class Gaussian:
         ]
         return self.mean + torch.cat(parts, -1)
 
-    def covariance(self) -> torch.Tensor:
-        """``(d, d)`` covariance (block diagonal)."""
-        return torch.block_diag(
-            *(
-                block.covariance(self.prior_precision[part])
-                for block, part in zip(self.blocks, _slices(self.blocks), strict=True)
-            )
-        )
-
     def condition_number(self) -> float:
         """Largest over smallest eigenvalue of the posterior precision."""
         values = torch.cat(

@@ -681,7 +681,10 @@ def test_the_laplace_summary_says_which_members_evidence_did_not_converge():
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--hessian", "kfac"], "--hessian: invalid choice: 'kfac' (choose from *full*, *diag*)"),
+        (
+            ["--hessian", "kfac"],
+            "--hessian: invalid choice: 'kfac' (choose from *full*, *kron*, *diag*)",
+        ),
         (["--predictive", "mc"], "--predictive: invalid choice: 'mc' (choose from *glm*, *nn*)"),
         (
             ["--laplace-subset", "ffn"],
@@ -755,7 +758,7 @@ def test_fit_help_lists_laplace_and_mola_with_their_defaults(capsys):
     fit = inspect.signature(probtransformer.inference.fit_laplace).parameters
     for option, name in (
         ("--laplace-subset {head,attention,all}", "subset"),
-        ("--hessian {full,diag}", "hessian"),
+        ("--hessian {full,kron,diag}", "hessian"),
         ("--prior-precision P", "prior_precision"),
         ("--predictive {glm,nn}", "predictive"),
     ):

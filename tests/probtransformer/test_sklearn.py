@@ -338,7 +338,7 @@ def test_laplace_inference(inference, settings, tiny_fit):
 def test_laplace_settings_are_refused_by_fit_laplace(tiny_fit):
     _, x, y = tiny_fit
     clf = BayesianTransformerClassifier(inference="laplace", hessian="kfac", **TINY)
-    with pytest.raises(ValueError, match=r"hessian must be one of \('full', 'diag'\), got"):
+    with pytest.raises(ValueError, match=r"hessian must be one of \('full', 'kron', 'diag'\), got"):
         clf.fit(x, y)
     reg = BayesianTransformerRegressor(inference="laplace", laplace_subset="ffn", **TINY)
     with pytest.raises(ValueError, match=r"subset must be one of \('head', 'attention', 'all'\)"):

@@ -114,15 +114,11 @@ def fit_laplace(
             ``max_memory`` (names the bytes it needs and the limit); an ensemble fitted by
             another method or of another model class; an unsupported likelihood.
     """
-    _check_settings(hessian, prior_precision, predictive, num_samples, max_memory)
-    check_int("seed", seed, minimum=None, type_error=True)
-    check_model(model)
-    check_training_data(model, data)
     if ensemble is not None:
         _check_ensemble(ensemble, model, kwargs)
-    # the subset and the memory it needs are known from the model: checked before any fit
-    _check_memory(_subset_sites(model, example_of(data).to(model_device(model)), subset),
-                  hessian, num_samples, max_memory)  # fmt: skip
+    _check_before_fit(
+        model, data, subset, hessian, prior_precision, predictive, num_samples, max_memory, seed
+    )
     start = time.perf_counter()
     if ensemble is None:
         try:
@@ -134,9 +130,9 @@ def fit_laplace(
     start = time.perf_counter()
     fitted = ensemble.model
     rows = ensemble.example.to(ensemble.device)
-    sites = _subset_sites(fitted, rows, subset)
+    sites, priors = _subset_sites(fitted, rows, subset)
     flat = Subset(sites)
-    prior_loc, prior_prec = _gaussian_prior(fitted, rows, flat)
+    prior_loc, prior_prec = _gaussian_prior(priors, flat)
     groups = flat.groups()
     model_scale = {s: float(prior_prec[groups == g].mean()) ** -0.5 for g, s in enumerate(sites)}
     modes, states = _modes(ensemble)
@@ -248,7 +244,9 @@ def fit_mola(
     Raises:
         what ``fit_ensemble`` and ``fit_laplace`` raise.
     """
-    _check_settings(hessian, prior_precision, predictive, num_samples, max_memory)
+    _check_before_fit(
+        model, data, subset, hessian, prior_precision, predictive, num_samples, max_memory, seed
+    )
     ensemble = fit_ensemble(
         model, data, n_members=n_members, seed=seed, progress=progress, **kwargs
     )
@@ -260,6 +258,20 @@ def fit_mola(
 
 
 # -- settings -------------------------------------------------------------------------------
+
+
+def _check_before_fit(
+    model, data, subset, hessian, prior_precision, predictive, num_samples, max_memory, seed
+) -> None:
+    """Everything ``fit_laplace`` and ``fit_mola`` can check before the MAP or ensemble fit:
+    the settings, the model and data, and the subset and the memory it needs (known from the
+    model)."""
+    _check_settings(hessian, prior_precision, predictive, num_samples, max_memory)
+    check_int("seed", seed, minimum=None, type_error=True)
+    check_model(model)
+    check_training_data(model, data)
+    sites, _ = _subset_sites(model, example_of(data).to(model_device(model)), subset)
+    _check_memory(sites, hessian, num_samples, max_memory)
 
 
 def _check_settings(hessian, prior_precision, predictive, num_samples, max_memory) -> None:
@@ -329,8 +341,9 @@ def _check_ensemble(ensemble, model, kwargs) -> None:
         )
 
 
-def _subset_sites(model, rows: SequenceData, subset) -> dict[str, torch.Size]:
-    """``{site: shape}`` of the subset, in the model's site order."""
+def _subset_sites(model, rows: SequenceData, subset) -> tuple[dict[str, torch.Size], dict]:
+    """``{site: shape}`` of the subset, in the model's site order, and ``{site: prior}`` of
+    every global latent (``_priors``)."""
     shapes, priors = _priors(model, rows)
     real = [name for name in shapes if _is_real(priors[name])]
     if isinstance(subset, str):
@@ -375,7 +388,7 @@ def _subset_sites(model, rows: SequenceData, subset) -> dict[str, torch.Size]:
                 f"the Laplace evidence needs a Normal prior on {name!r}, got "
                 f"{type(priors[name]).__name__}: leave it out of subset"
             )
-    return {name: shapes[name] for name in chosen}
+    return {name: shapes[name] for name in chosen}, priors
 
 
 def _priors(model, rows: SequenceData) -> tuple[dict[str, torch.Size], dict]:
@@ -406,9 +419,9 @@ def _attention_prefixes(model) -> tuple[str, ...]:
     return tuple(f"{name}." for name, module in model.named_modules() if id(module) in ids)
 
 
-def _gaussian_prior(model, rows: SequenceData, flat: Subset) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(d,)`` prior mean and precision of the subset under the model's own Normal priors."""
-    _, priors = _priors(model, rows)
+def _gaussian_prior(priors: dict, flat: Subset) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(d,)`` prior mean and precision of the subset under the model's own Normal priors
+    (``priors``: ``{site: prior distribution}``)."""
     locs, precisions = {}, {}
     for name, shape in flat.sites.items():
         normal = _normal(priors[name])

@@ -348,3 +348,12 @@ def test_glm_attention_comes_from_the_weight_draws(mapped, train, digits):
     spread = glm.attention(x).samples.std(1).max()
     assert spread > 1e-3  # not the mode's attention in every draw
     assert torch.allclose(glm.attention(x).samples, network.attention(x).samples)
+
+
+def test_fit_mola_refuses_a_bad_subset_before_fitting_its_ensemble(train, monkeypatch):
+    def no_fit(*args, **kwargs):
+        raise AssertionError("fit_ensemble ran before the subset was checked")
+
+    monkeypatch.setattr("probtransformer.inference.laplace.fit.fit_ensemble", no_fit)
+    with pytest.raises(ValueError, match="not latent sites"):
+        fit_mola(small_model(), train, subset=["nope"], **FIT)
